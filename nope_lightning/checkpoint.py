@@ -1,0 +1,115 @@
+"""Exported models: safetensors weights + the resolved config + the tokenizer, and loading them back.
+
+An export folder holds ``model.safetensors``, ``config.yaml`` (the full resolved stage config that trained
+it), ``tokenizer.json`` and ``meta.json`` (vocab size, train length, tokenizer fingerprint, step, metrics).
+Later stages name a model as ``checkpoint=<folder>``, ``checkpoint=runs:/<run_id>/model`` or
+``checkpoint=mlflow:<run_id>``; weights load with safetensors (no pickle), strictly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nope_lightning.config import PretrainConfig, TrackingConfig, load_config, to_yaml
+from nope_lightning.model import GPT, resolve_temperatures, set_head_scales
+
+WEIGHTS, CONFIG, TOKENIZER, META = "model.safetensors", "config.yaml", "tokenizer.json", "meta.json"
+
+
+def export_model(out: str | Path, model: GPT, cfg: Any, tokenizer_file: str | Path, meta: dict) -> Path:
+    """Write an export folder (see module doc) and return it."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out / WEIGHTS))
+    (out / CONFIG).write_text(to_yaml(cfg))
+    tokenizer_text = Path(tokenizer_file).read_text()
+    (out / TOKENIZER).write_text(tokenizer_text)
+    meta = {**meta, "vocab_size": model.config.vocab_size, "train_len": model.train_len,
+            "tokenizer_sha256": hashlib.sha256(tokenizer_text.encode()).hexdigest()}
+    (out / META).write_text(json.dumps(meta, indent=1, default=str))
+    return out
+
+
+@dataclass
+class LoadedModel:
+    model: GPT
+    config: PretrainConfig
+    meta: dict
+    folder: Path
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.folder / TOKENIZER
+
+
+def resolve_reference(ref: str, tracking: TrackingConfig) -> Path:
+    """A local export folder for ``ref`` (folder path, ``runs:/<id>/<path>`` or ``mlflow:<id>``)."""
+    from nope_lightning import tracking as tr
+
+    if ref.startswith("runs:/"):
+        run_id, _, artifact = ref.removeprefix("runs:/").partition("/")
+        return tr.download(tracking, run_id, artifact or "model")
+    if ref.startswith("mlflow:"):
+        return tr.download(tracking, ref.removeprefix("mlflow:"), "model")
+    path = Path(ref)
+    if path.is_file() and path.name == WEIGHTS:
+        path = path.parent
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint={ref}: no such export folder; pass the folder a pretrain run "
+                                f"wrote (it holds {WEIGHTS}) or runs:/<run_id>/model")
+    return path
+
+
+def load_model(ref: str, tracking: TrackingConfig, **model_overrides: Any) -> LoadedModel:
+    """Rebuild and load an exported model; ``model_overrides`` change evaluation-time model fields
+    (``temperature``, ``temperature_table``, ``rope_scaling``, ``attention_backend``), never the architecture.
+    """
+    folder = resolve_reference(ref, tracking)
+    for name in (WEIGHTS, CONFIG, META):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"checkpoint={ref}: {folder} has no {name}; is it an export folder?")
+    cfg = load_config(PretrainConfig, folder / CONFIG)
+    meta = json.loads((folder / META).read_text())
+    model_cfg = dataclasses.replace(cfg.model, **model_overrides)
+    model = GPT(model_cfg, meta["vocab_size"], cfg.train_len)
+    load_weights(model, folder / WEIGHTS)
+    set_head_scales(model, resolve_temperatures(model_cfg))
+    return LoadedModel(model, dataclasses.replace(cfg, model=model_cfg), meta, folder)
+
+
+def load_weights(model: GPT, path: Path) -> None:
+    """Strict safetensors load with one clear error for a corrupt file or another architecture."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"corrupt checkpoint {path}: {err}; re-export it or train again") from None
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong_shape = [k for k, v in state.items() if k in expected and expected[k].shape != v.shape]
+    if missing or unexpected or wrong_shape:
+        raise ValueError(f"checkpoint {path} does not match the model config: missing {missing[:4]}, "
+                         f"unexpected {unexpected[:4]}, wrong shape {wrong_shape[:4]}")
+    model.load_state_dict(state, strict=True)
+
+
+def torch_load(path: str | Path) -> dict:
+    """``torch.load(weights_only=True)`` of a Lightning checkpoint, with a clear error when corrupt."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 — any unpickling/zip failure means the same thing here
+        raise ValueError(f"corrupt checkpoint {path}: {type(err).__name__}: {str(err)[:200]}; delete it "
+                         f"or set resume=false with a new out_dir") from None

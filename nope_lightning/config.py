@@ -1,0 +1,327 @@
+"""Typed configuration: dataclass schema <- YAML <- ``key=value`` overrides, merged with OmegaConf.
+
+Every stage has one config dataclass built from the shared pieces below. ``load_config`` merges the
+defaults of that dataclass with an optional YAML file (which holds only differences) and a dotlist of
+command-line overrides, then turns the result back into the dataclass. Unknown keys, wrong types,
+bad choices and out-of-range values all raise ``ValueError`` naming the key, before any compute.
+
+Units: temperatures (``model.temperature`` and per-head tables) are in units of 1/sqrt(head_size):
+``1.0`` is the standard softmax scale, the papers' "1.2" means lambda = 1.2/sqrt(d).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+POS_ENCODINGS = ("nope", "rope", "alibi", "learned", "sinusoidal", "t5")
+ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn")
+ATTENTION_BACKENDS = ("sdpa", "flash")
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp")
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+
+T = TypeVar("T")
+
+
+def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} is not a valid choice; pick one of {', '.join(choices)}")
+
+
+def check_range(key: str, value: float, low: float | None = None, high: float | None = None,
+                low_open: bool = False) -> None:
+    """Raise ``ValueError`` unless ``low <= value <= high`` (``low < value`` when ``low_open``)."""
+    if low is not None and (value <= low if low_open else value < low):
+        op = ">" if low_open else ">="
+        raise ValueError(f"{key}={value} is out of range: it must be {op} {low}")
+    if high is not None and value > high:
+        raise ValueError(f"{key}={value} is out of range: it must be <= {high}")
+
+
+@dataclass
+class RopeScalingConfig:
+    """How RoPE frequencies are rescaled for a context longer than the one trained on.
+
+    ``factor`` is s = target length / ``original_len``; ``original_len=0`` means the model's ``train_len``.
+    ``beta_fast``/``beta_slow`` are YaRN's ramp bounds (in rotations over ``original_len``).
+    """
+
+    method: str = "none"
+    factor: float = 1.0
+    original_len: int = 0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_choice("model.rope_scaling.method", self.method, ROPE_SCALINGS)
+        check_range("model.rope_scaling.factor", self.factor, 1.0)
+        check_range("model.rope_scaling.original_len", self.original_len, 0)
+        if self.beta_fast <= self.beta_slow:
+            raise ValueError("model.rope_scaling.beta_fast must be > beta_slow (YaRN ramp bounds)")
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of the causal LM (litgpt block: RMSNorm, SwiGLU MLP, grouped-query attention).
+
+    ``n_query_groups=0`` means one key/value head per query head (plain multi-head attention).
+    ``max_positions`` sizes the learned absolute-position table (and bounds every PE's usable length).
+    ``temperature`` is a uniform softmax temperature lambda in units of 1/sqrt(head_size);
+    ``temperature_table`` is a file (.safetensors or .json) with a per-head table of shape
+    (n_layer, n_head) in the same units, multiplied with ``temperature``.
+    """
+
+    n_layer: int = 4
+    n_head: int = 4
+    n_query_groups: int = 0
+    n_embd: int = 128
+    intermediate_size: int = 352
+    norm_eps: float = 1e-5
+    pos_encoding: str = "nope"
+    max_positions: int = 8192
+    rope_base: float = 10000.0
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+    temperature: float = 1.0
+    temperature_table: str = ""
+    attention_backend: str = "sdpa"
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        check_choice("model.pos_encoding", self.pos_encoding, POS_ENCODINGS)
+        check_choice("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        for key in ("n_layer", "n_head", "n_embd", "intermediate_size", "max_positions"):
+            check_range(f"model.{key}", getattr(self, key), 1)
+        check_range("model.n_query_groups", self.n_query_groups, 0)
+        if self.n_embd % self.n_head:
+            raise ValueError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
+        if self.n_query_groups and self.n_head % self.n_query_groups:
+            raise ValueError(f"model.n_head={self.n_head} must be divisible by model.n_query_groups="
+                             f"{self.n_query_groups}")
+        check_range("model.temperature", self.temperature, 0.0, low_open=True)
+        check_range("model.t5_num_buckets", self.t5_num_buckets, 2)
+        check_range("model.t5_max_distance", self.t5_max_distance, 1)
+        if self.pos_encoding in ("sinusoidal", "learned", "rope") and self.head_size % 2:
+            raise ValueError(f"model.pos_encoding={self.pos_encoding} needs an even head size")
+        if self.rope_scaling.method != "none" and self.pos_encoding != "rope":
+            raise ValueError(f"model.rope_scaling.method={self.rope_scaling.method} applies to "
+                             f"pos_encoding=rope only (got {self.pos_encoding})")
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_query_groups or self.n_head
+
+
+@dataclass
+class DataConfig:
+    """Corpus, tokenizer and split settings.
+
+    ``corpus``: ``books`` (KJV Bible + Shakespeare/Milton + Austen), ``code`` (CPython stdlib),
+    ``math`` (HOL Light, Metamath, Coq), ``tiny`` (a few KJV books; no fetch, for tests) or a
+    path to a folder of ``.txt``/``.jsonl`` files. Splits are by whole document with ``split_seed``.
+    ``cache_dir`` empty means ``$NOPE_LIGHTNING_CACHE`` or ``~/.cache/nope_lightning``.
+    """
+
+    corpus: str = "books"
+    vocab_size: int = 2048
+    split_seed: int = 1234
+    val_fraction: float = 0.05
+    test_fraction: float = 0.05
+    cache_dir: str = ""
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        check_range("data.vocab_size", self.vocab_size, 260)
+        check_range("data.val_fraction", self.val_fraction, 0.0, 0.5, low_open=True)
+        check_range("data.test_fraction", self.test_fraction, 0.0, 0.5, low_open=True)
+        check_range("data.num_workers", self.num_workers, 0)
+        if not self.corpus:
+            raise ValueError("data.corpus is empty: name a corpus (books, code, math, tiny) or a folder")
+
+    @property
+    def cache_path(self) -> Path:
+        root = self.cache_dir or os.environ.get("NOPE_LIGHTNING_CACHE") or "~/.cache/nope_lightning"
+        return Path(root).expanduser()
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up then cosine decay to ``min_lr_ratio * lr``."""
+
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_range("optim.lr", self.lr, 0.0, low_open=True)
+        check_range("optim.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        check_range("optim.warmup_steps", self.warmup_steps, 0)
+        check_range("optim.weight_decay", self.weight_decay, 0.0)
+        check_range("optim.beta1", self.beta1, 0.0, 1.0)
+        check_range("optim.beta2", self.beta2, 0.0, 1.0)
+        check_range("optim.grad_clip", self.grad_clip, 0.0)
+
+
+@dataclass
+class TrainerConfig:
+    """Lightning Trainer settings (the only place they are read is ``run.build_trainer``).
+
+    ``threads=0`` picks the measured best intra-op thread count for this host (see README: on 2 cores
+    one thread per process beats two). ``val_every_n_steps=0`` validates once, at the end.
+    """
+
+    max_steps: int = 900
+    accelerator: str = "auto"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    threads: int = 0
+    val_every_n_steps: int = 300
+    val_batches: int = 16
+    log_every_n_steps: int = 10
+    checkpoint_every_n_steps: int = 300
+    accumulate_grad_batches: int = 1
+    compile: bool = False
+    progress_bar: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice("trainer.accelerator", self.accelerator, ACCELERATORS)
+        check_choice("trainer.strategy", self.strategy, STRATEGIES)
+        check_choice("trainer.precision", self.precision, PRECISIONS)
+        for key in ("max_steps", "devices", "num_nodes", "val_batches", "log_every_n_steps",
+                    "accumulate_grad_batches"):
+            check_range(f"trainer.{key}", getattr(self, key), 1)
+        for key in ("threads", "val_every_n_steps", "checkpoint_every_n_steps"):
+            check_range(f"trainer.{key}", getattr(self, key), 0)
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow tracking. Default store: SQLite under ``mlruns/`` (MLflow 3 refuses a bare folder store).
+
+    ``parent_run_id`` nests this stage's run under a pipeline/study run.
+    """
+
+    uri: str = "sqlite:///mlruns/mlflow.db"
+    artifact_root: str = "mlruns/artifacts"
+    experiment: str = "nope_lightning"
+    run_name: str = ""
+    parent_run_id: str = ""
+
+    def __post_init__(self) -> None:
+        if "://" not in self.uri and not self.uri.startswith("databricks"):
+            raise ValueError(f"tracking.uri={self.uri!r} is not a URI; use e.g. sqlite:///mlruns/mlflow.db")
+        if self.uri.startswith("file:"):
+            raise ValueError("tracking.uri: MLflow 3 refuses folder stores; use sqlite:///path/mlflow.db")
+
+
+@dataclass
+class PretrainConfig:
+    """``nope-lightning run pretrain``: a causal LM trained from scratch at ``train_len`` tokens.
+
+    ``out_dir`` empty means ``mlruns/checkpoints/pretrain/<run name>``; with ``resume=true`` a run
+    restarted with the same ``out_dir`` continues from its last checkpoint.
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    train_len: int = 256
+    batch_size: int = 16
+    seed: int = 1234
+    name: str = ""
+    out_dir: str = ""
+    resume: bool = True
+
+    def __post_init__(self) -> None:
+        check_range("train_len", self.train_len, 1)
+        check_range("batch_size", self.batch_size, 1)
+        if self.train_len > self.model.max_positions:
+            raise ValueError(f"train_len={self.train_len} exceeds model.max_positions="
+                             f"{self.model.max_positions}; raise model.max_positions")
+
+
+def _format_error(err: OmegaConfBaseException) -> str:
+    key = getattr(err, "full_key", None) or ""
+    msg = str(err).splitlines()[0]
+    return f"config key '{key}': {msg}" if key else msg
+
+
+def load_config(cls: type[T], yaml_path: str | os.PathLike | None = None,
+                overrides: list[str] | tuple[str, ...] = ()) -> T:
+    """Merge ``cls`` defaults <- YAML file <- ``key=value`` overrides into a validated ``cls``.
+
+    Raises ``ValueError`` (naming the key) for unknown keys, wrong types, bad choices, out-of-range
+    values and malformed overrides; ``FileNotFoundError`` for a missing YAML file.
+    """
+    layers: list[Any] = [OmegaConf.structured(cls)]
+    if yaml_path is not None:
+        path = Path(yaml_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        loaded = OmegaConf.load(path)
+        if not OmegaConf.is_dict(loaded):
+            raise ValueError(f"{path}: a config file must hold a mapping of keys, got {type(loaded).__name__}")
+        layers.append(loaded)
+    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        raise ValueError(f"overrides must look like key=value, got: {' '.join(bad)}")
+    try:
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(*layers)
+        missing = sorted(OmegaConf.missing_keys(merged))
+        if missing:
+            raise ValueError(f"missing required config values: {', '.join(missing)}")
+        return OmegaConf.to_object(merged)  # runs every __post_init__ check
+    except OmegaConfBaseException as err:
+        raise ValueError(_format_error(err)) from None
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The resolved config as a plain nested dict (for logging and saving)."""
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Any) -> str:
+    """The resolved config as YAML text; ``load_config(type(cfg), file)`` reads it back unchanged."""
+    return OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg)))
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (MLflow params)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+@dataclass
+class PrepareConfig:
+    """``nope-lightning run prepare``: tokenizer + packed token files of ``data.corpus`` (cached)."""
+
+    data: DataConfig = field(default_factory=DataConfig)

@@ -1,0 +1,169 @@
+"""Causal self-attention with a per-head softmax temperature, additive position biases and two backends.
+
+The attention logits of head h in layer l are ``lambda[l, h] * q.k / sqrt(d) + bias(i, j)`` with
+``lambda`` in units of 1/sqrt(d) (1.0 = the standard scale; the papers' "1.2" = 1.2/sqrt(d)). Fast kernels
+take one scalar scale, so lambda is folded into q (``q * lambda_h``) and the kernel keeps its scalar 1/sqrt(d):
+the result equals the explicit ``softmax(lambda_h * q k^T / sqrt(d) + bias)`` and SDPA/flash still run.
+
+Position biases (ALiBi, T5) arrive as an additive float mask of shape (1, H, T, T) that already holds the
+causal -inf; ``mask=None`` means plain causal attention. A bias is added after the temperature: lambda
+scales content similarity only, which is what the papers' temperature acts on (NoPE has no bias).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from litgpt.config import Config
+from litgpt.model import Block as LitBlock
+from litgpt.model import CausalSelfAttention as LitAttention
+from torch import nn
+
+#: probe(layer, q_scaled (B,H,T,d), k (B,H,T,d), mask (1,H,T,T) additive or None=causal)
+Probe = Callable[[int, torch.Tensor, torch.Tensor, "torch.Tensor | None"], None]
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, stacklevel=3)
+
+
+def _flash_attn_func():
+    """flash-attn's kernel, imported lazily (never at package import); None when unavailable."""
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        return None
+    return flash_attn_func
+
+
+class Attention(LitAttention):
+    """litgpt's ``CausalSelfAttention`` with ``head_scale`` (n_head,) temperatures and a backend switch.
+
+    ``head_scale`` is a parameter that pretraining leaves frozen (``requires_grad=False``); the
+    HeadScale stage makes it the only trainable tensor.
+    """
+
+    def __init__(self, config: Config, block_idx: int, backend: str = "sdpa") -> None:
+        super().__init__(config, block_idx)
+        self.head_scale = nn.Parameter(torch.ones(config.n_head), requires_grad=False)
+        self.backend = backend
+        self.probe: Probe | None = None
+
+    def reset_parameters(self) -> None:
+        # Needed for meta-device (FSDP) init: parameters are materialised only through this hook.
+        with torch.no_grad():
+            self.head_scale.fill_(1.0)
+
+    def scaled_dot_product_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                     mask: torch.Tensor | None = None) -> torch.Tensor:
+        """q, k, v: (B, H, T, d) with k/v already repeated for GQA; returns (B, T, H, d)."""
+        scale = 1.0 / math.sqrt(self.config.head_size)
+        q = q * self.head_scale.view(1, -1, 1, 1).to(q.dtype)
+        if self.probe is not None:
+            self.probe(self.block_idx, q * scale, k, mask)
+        if self.backend == "flash":
+            y = self._flash(q, k, v, mask, scale)
+            if y is not None:
+                return y
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=mask is None)
+        return y.transpose(1, 2)
+
+    def _flash(self, q, k, v, mask, scale) -> torch.Tensor | None:
+        """flash-attn when it can run here (CUDA, fp16/bf16, no additive bias); else warn once, None."""
+        fn = _flash_attn_func()
+        reason = ("flash-attn is not installed (pip install '.[flash]')" if fn is None
+                  else "it needs a CUDA device" if not q.is_cuda
+                  else "it needs fp16/bf16 activations" if q.dtype not in (torch.float16, torch.bfloat16)
+                  else "this position encoding uses an additive bias" if mask is not None else "")
+        if reason:
+            _warn_once(f"attention_backend=flash falls back to SDPA: {reason}")
+            return None
+        # flash-attn wants (B, T, H, d) and returns the same layout.
+        return fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, causal=True)
+
+
+class Block(LitBlock):
+    """litgpt's pre-norm block with our ``Attention`` in place of litgpt's."""
+
+    def __init__(self, config: Config, block_idx: int, backend: str = "sdpa") -> None:
+        super().__init__(config, block_idx)
+        self.attn = Attention(config, block_idx, backend)
+
+
+def alibi_slopes(n_head: int) -> torch.Tensor:
+    """ALiBi head slopes (Press et al. 2022), shape (n_head,), float64.
+
+    For n a power of two: ``m_h = 2^(-8h/n)``, h = 1..n. Otherwise, with n0 the largest power of two
+    below n: the n0 slopes of n0 heads, then every other slope of 2*n0 heads for the remaining n-n0.
+    """
+    def powers(n: int) -> list[float]:
+        return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
+    n0 = 2 ** int(math.floor(math.log2(n_head)))
+    slopes = powers(n0) + powers(2 * n0)[0::2][: n_head - n0]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+def t5_buckets(distance: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """T5's causal (unidirectional) relative-position bucket of ``distance = i - j >= 0`` (long tensor).
+
+    Distances below ``num_buckets // 2`` get their own bucket; larger ones share log-spaced buckets up to
+    ``max_distance``, beyond which everything falls in the last bucket (Raffel et al. 2020).
+    """
+    max_exact = num_buckets // 2
+    d = distance.clamp(min=0)
+    # clamp(min=1) only keeps log() finite for the exact range, whose value is discarded by where().
+    log_ratio = torch.log(d.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact)
+    large = (max_exact + (log_ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
+    return torch.where(d < max_exact, d, large)
+
+
+def load_temperature_table(path: str | Path, n_layer: int, n_head: int) -> torch.Tensor:
+    """A per-head temperature table (n_layer, n_head) in units of 1/sqrt(d), from .safetensors or .json.
+
+    safetensors: tensor ``head_scale``; JSON: ``{"head_scale": [[...], ...]}`` (what HeadScale saves).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"model.temperature_table: no such file {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path))
+        if "head_scale" not in tensors:
+            raise ValueError(f"{path}: no 'head_scale' tensor (found {sorted(tensors)})")
+        table = tensors["head_scale"]
+    elif path.suffix == ".json":
+        import json
+
+        table = torch.tensor(json.loads(path.read_text())["head_scale"], dtype=torch.float32)
+    else:
+        raise ValueError(f"{path}: a temperature table must be .safetensors or .json")
+    if tuple(table.shape) != (n_layer, n_head):
+        raise ValueError(f"{path}: table shape {tuple(table.shape)} does not match this model's "
+                         f"(n_layer, n_head) = ({n_layer}, {n_head})")
+    if not bool((table > 0).all()):
+        raise ValueError(f"{path}: temperatures must be > 0")
+    return table.float()
+
+
+def save_temperature_table(path: str | Path, table: torch.Tensor, metadata: dict | None = None) -> None:
+    """Save (n_layer, n_head) temperatures as ``path`` (.safetensors) and a readable .json beside it."""
+    import json
+
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = table.detach().float().cpu().contiguous()
+    meta = {k: str(v) for k, v in (metadata or {}).items()}
+    save_file({"head_scale": table}, str(path.with_suffix(".safetensors")), metadata=meta)
+    doc = {"units": "1/sqrt(head_size)", "head_scale": table.tolist(), "metadata": meta}
+    path.with_suffix(".json").write_text(json.dumps(doc, indent=1))

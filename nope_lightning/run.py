@@ -1,0 +1,139 @@
+"""The one place a Lightning ``Trainer`` is built, and the stage dispatcher every entry point goes through.
+
+The CLI, Optuna objectives, pipelines and tests all call ``run_stage(name, cfg)``, so a search trial is
+exactly a CLI run with overrides and can be replayed from the command line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nope_lightning.config import TrainerConfig, load_config
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stage: its config dataclass (in ``config.py``) and its entry ``module:function``."""
+
+    config: str
+    entry: str
+    summary: str
+
+    def config_class(self) -> type:
+        return getattr(importlib.import_module("nope_lightning.config"), self.config)
+
+    def function(self):
+        module, name = self.entry.split(":")
+        return getattr(importlib.import_module(module), name)
+
+
+STAGES: dict[str, Stage] = {
+    "prepare": Stage("PrepareConfig", "nope_lightning.stages.prepare:run",
+                     "tokenizer + packed token files for a corpus (cached)"),
+    "pretrain": Stage("PretrainConfig", "nope_lightning.stages.pretrain:run",
+                      "causal LM from scratch with a chosen position encoding"),
+}
+
+
+def get_stage(name: str) -> Stage:
+    if name not in STAGES:
+        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+    return STAGES[name]
+
+
+def stage_config(name: str, yaml_path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """The validated config of stage ``name`` (defaults <- YAML <- overrides)."""
+    return load_config(get_stage(name).config_class(), yaml_path, overrides)
+
+
+def run_stage(name: str, cfg: Any) -> dict[str, Any]:
+    """Run stage ``name`` with a validated config; returns the stage's result summary."""
+    stage = get_stage(name)
+    if not isinstance(cfg, stage.config_class()):
+        raise TypeError(f"stage {name} takes a {stage.config}, got {type(cfg).__name__}")
+    return stage.function()(cfg)
+
+
+def configure_threads(cfg: TrainerConfig) -> int:
+    """Set torch's intra-op threads: ``cfg.threads``, or for 0 one thread per CPU process.
+
+    Measured on 2 cores (``experiments/benchmark_pretrain.py``): the small model trains faster on one thread
+    than on two (small matmuls do not amortise the synchronisation), so ``threads=0`` uses one thread per
+    process on CPU and leaves GPUs runs at torch's default.
+    """
+    threads = cfg.threads
+    if threads == 0:
+        if _uses_gpu(cfg):
+            return torch.get_num_threads()
+        threads = 1
+    torch.set_num_threads(threads)
+    return threads
+
+
+def _uses_gpu(cfg: TrainerConfig) -> bool:
+    return cfg.accelerator in ("gpu", "cuda") or (cfg.accelerator == "auto" and torch.cuda.is_available())
+
+
+def check_strategy(cfg: TrainerConfig) -> None:
+    """Fail before any compute on a strategy this machine cannot run."""
+    if cfg.strategy == "fsdp" and not (_uses_gpu(cfg) and torch.cuda.is_available()):
+        raise ValueError("trainer.strategy=fsdp needs CUDA GPUs (FSDP does not run on CPU); "
+                         "on CPU use trainer.strategy=ddp trainer.devices=2")
+    if cfg.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ValueError(f"trainer.accelerator={cfg.accelerator} but no CUDA GPU is visible; use accelerator=cpu")
+
+
+def _strategy(cfg: TrainerConfig):
+    if cfg.strategy != "fsdp":
+        return cfg.strategy
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from nope_lightning.model.attention import Block
+
+    # One FSDP unit per transformer block; orig params so frozen (HeadScale) and trainable tensors mix.
+    return FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block},
+                        state_dict_type="full", use_orig_params=True, sharding_strategy="FULL_SHARD")
+
+
+def build_trainer(cfg: TrainerConfig, *, logger: Any = None, callbacks: list | None = None,
+                  default_root_dir: str | None = None, grad_clip: float = 0.0, max_steps: int | None = None,
+                  enable_checkpointing: bool = True):
+    """A ``lightning.pytorch.Trainer`` from ``TrainerConfig``: step-based, no epochs, no sanity check.
+
+    Validation runs every ``val_every_n_steps`` optimizer steps (0: only at the end) on ``val_batches``.
+    """
+    from lightning.pytorch import Trainer
+
+    check_strategy(cfg)
+    configure_threads(cfg)
+    steps = max_steps or cfg.max_steps
+    val_every = cfg.val_every_n_steps if 0 < cfg.val_every_n_steps < steps else steps
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return Trainer(
+        accelerator=cfg.accelerator,
+        devices=cfg.devices,
+        num_nodes=cfg.num_nodes,
+        strategy=_strategy(cfg),
+        precision=cfg.precision,
+        max_steps=steps,
+        max_epochs=-1,
+        val_check_interval=val_every,
+        check_val_every_n_epoch=None,
+        limit_val_batches=cfg.val_batches,
+        num_sanity_val_steps=0,
+        log_every_n_steps=cfg.log_every_n_steps,
+        gradient_clip_val=grad_clip or None,
+        accumulate_grad_batches=cfg.accumulate_grad_batches,
+        enable_progress_bar=cfg.progress_bar,
+        enable_model_summary=False,
+        enable_checkpointing=enable_checkpointing,
+        use_distributed_sampler=False,  # our data modules shard by rank themselves
+        logger=logger if logger is not None else False,
+        callbacks=callbacks or [],
+        default_root_dir=default_root_dir,
+    )

@@ -1,0 +1,1 @@
+"""One module per stage; ``nope_lightning.run.STAGES`` maps stage names to their entry points."""
