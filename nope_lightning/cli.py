@@ -53,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"nope-lightning: error: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=1, default=str))
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if rank_zero_only.rank == 0:  # DDP re-runs this command line in every rank; report once
+        print(json.dumps(result, indent=1, default=str))
     return 0
 
 

@@ -18,24 +18,28 @@ from nope_lightning.config import TrainerConfig, load_config
 
 @dataclass(frozen=True)
 class Stage:
-    """A stage: its config dataclass (in ``config.py``) and its entry ``module:function``."""
+    """A stage: its config dataclass and its entry function, both as ``module:name`` (imported lazily)."""
 
     config: str
     entry: str
     summary: str
 
     def config_class(self) -> type:
-        return getattr(importlib.import_module("nope_lightning.config"), self.config)
+        return _resolve(self.config)
 
     def function(self):
-        module, name = self.entry.split(":")
-        return getattr(importlib.import_module(module), name)
+        return _resolve(self.entry)
+
+
+def _resolve(ref: str):
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 STAGES: dict[str, Stage] = {
-    "prepare": Stage("PrepareConfig", "nope_lightning.stages.prepare:run",
+    "prepare": Stage("nope_lightning.config:PrepareConfig", "nope_lightning.stages.prepare:run",
                      "tokenizer + packed token files for a corpus (cached)"),
-    "pretrain": Stage("PretrainConfig", "nope_lightning.stages.pretrain:run",
+    "pretrain": Stage("nope_lightning.config:PretrainConfig", "nope_lightning.stages.pretrain:run",
                       "causal LM from scratch with a chosen position encoding"),
 }
 

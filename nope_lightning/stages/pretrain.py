@@ -96,7 +96,7 @@ def run(cfg: PretrainConfig) -> dict[str, Any]:
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     result = {"run_id": logger.run_id if trainer.is_global_zero else None, "out_dir": str(out),
-              "step": trainer.global_step, **metrics}
+              "step": trainer.global_step, "world_size": trainer.world_size, **metrics}
     if trainer.is_global_zero:
         export = export_model(out / "model", model, dataclasses.replace(cfg, name=name),
                               prepared.root / "tokenizer.json",

@@ -1,0 +1,216 @@
+"""The task registry of Kazemnejad et al. (2023) and the train/valid/test splits built from it.
+
+Length ranges (train -> test; test is always out of distribution, as in the paper)::
+
+    task                      length measure          train    test
+    copy/reverse family (8)   symbols                 1-20     21-40
+    addition                  digits, longer operand  1-8      9-16
+    polynomial                terms                   1-8      9-16
+    sort, sort_symbols        list length             1-8      9-16
+    summation                 summands                1-8      9-16
+    parity                    bits                    1-8      9-16
+    lego                      variables               4-8      9-16
+    scan                      output actions          1-25     26-48
+    pcfg                      function calls          1-8      9-35
+
+Choices where the paper leaves room:
+
+* Training lengths start at 1, except LEGO at 4 (the reference builds LEGO from 4 variables; with
+  the query in the second half of the chain, 1 variable has nothing to query).
+* Addition's length is the longer operand's digit count and training operands both have 1-8
+  digits (the reference's bins are all digit-count pairs in [1, 8]^2); test operands pair a 9-16
+  digit number with one of 1..L digits. Training draws lengths in proportion to the 2L-1 digit-count
+  pairs of each length, so every pair is equally likely, as in the reference.
+* SCAN training draws commands uniformly (lengths weighted by how many commands have them), as in the
+  re-split data; test draws each achievable length equally.
+* PCFG's test range is the productivity test set's 9-35 functions; ``test_max_len`` shortens it.
+* Every other task draws training lengths uniformly, and every test split cycles through its lengths
+  so that each length bucket gets the same number of examples (within one).
+
+Validation examples come from the training lengths, but ``make_split`` keeps train and valid
+disjoint without coordinating the two calls: a stable hash of the prompt reserves one problem in
+``HOLDOUT_MODULUS`` for validation, training rejects those, validation accepts only those. When a
+length has too few problems to split this way (parity with 1 bit), both sides fall back to
+plain draws.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import algorithmic, pcfg, scan, sequence
+from .core import Example, Problem, as_random
+from .scratchpad import COMPONENTS, parse_answer, render_scratchpad, supported_formats
+
+SPLITS = ("train", "valid", "test")
+HOLDOUT_MODULUS = 10
+MAX_DRAWS = 400  # draws to find a problem on the right side of the train/valid hash split
+
+
+def _any_length(length: int) -> bool:
+    return True
+
+
+def _uniform(length: int) -> float:
+    return 1.0
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task: its generator, vocabulary, default length ranges and scratchpad support.
+
+    ``train_lengths``/``test_lengths`` are the paper's ranges; ``make_split`` can move their ends.
+    ``components`` are the scratchpad components the task's gold steps fill (empty: no scratchpad).
+    ``has_length`` says whether a length can be generated at all (only SCAN skips some), and
+    ``train_weight`` how often a training length is drawn relative to the others.
+    """
+
+    name: str
+    make: Callable[[random.Random, int], Problem] = field(repr=False)
+    tokens: frozenset[str] = field(repr=False)
+    train_lengths: range
+    test_lengths: range
+    components: tuple[str, ...] = ()
+    max_length: int | None = None
+    has_length: Callable[[int], bool] = field(default=_any_length, repr=False)
+    train_weight: Callable[[int], float] = field(default=_uniform, repr=False)
+
+    @property
+    def scratchpads(self) -> tuple[str, ...]:
+        """Supported scratchpad formats (see ``scratchpad.py``)."""
+        return supported_formats(self.components)
+
+    def check_scratchpad(self, scratchpad: str) -> None:
+        """Raise ``ValueError`` naming the supported formats unless ``scratchpad`` is one."""
+        if scratchpad not in self.scratchpads:
+            raise ValueError(f"task {self.name!r} does not support scratchpad {scratchpad!r}; "
+                             f"supported: {', '.join(self.scratchpads)}")
+
+    def generate(self, rng: random.Random | np.random.Generator, length: int, scratchpad: str = "none") -> Example:
+        """One example of exactly ``length``; the problem drawn does not depend on ``scratchpad``."""
+        self.check_scratchpad(scratchpad)
+        if length < 1 or (self.max_length is not None and length > self.max_length) or not self.has_length(length):
+            raise ValueError(f"task {self.name!r} cannot generate length {length}")
+        problem = self.make(as_random(rng), length)
+        return Example(prompt=problem.prompt, target=render_scratchpad(problem.steps, problem.answer, scratchpad),
+                       answer=problem.answer, length=length)
+
+    def split_lengths(self, split: str, train_max_len: int | None = None,
+                      test_max_len: int | None = None) -> list[int]:
+        """The lengths a split draws from: train/valid up to ``train_max_len``, test above it."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+        train_max = self.train_lengths[-1] if train_max_len is None else train_max_len
+        test_max = self.test_lengths[-1] if test_max_len is None else test_max_len
+        if train_max < self.train_lengths.start:
+            raise ValueError(f"train_max_len={train_max} is below {self.name}'s shortest training "
+                             f"length {self.train_lengths.start}")
+        if test_max <= train_max:
+            raise ValueError(f"test_max_len={test_max} must exceed train_max_len={train_max}: "
+                             "test lengths lie above the training lengths")
+        if self.max_length is not None and test_max > self.max_length:
+            raise ValueError(f"test_max_len={test_max} exceeds {self.name}'s maximum length {self.max_length}")
+        span = range(train_max + 1, test_max + 1) if split == "test" else range(self.train_lengths.start, train_max + 1)
+        lengths = [length for length in span if self.has_length(length)]
+        if not lengths:
+            raise ValueError(f"task {self.name!r} has no {split} lengths in {span.start}..{span.stop - 1}")
+        return lengths
+
+
+NO_VARIABLES = tuple(name for name in COMPONENTS if name != "intermediate_variables")
+
+
+def _algorithmic(name: str, components: tuple[str, ...] = COMPONENTS, train_lengths: range = range(1, 9),
+                 **options) -> TaskSpec:
+    """A mathematical/algorithmic task: trained on lengths up to 8, tested on 9-16."""
+    make, tokens = algorithmic.ALGORITHMIC_TASKS[name]
+    return TaskSpec(name, make, tokens, train_lengths, range(9, 17), components, **options)
+
+
+_SPECS = [
+    *(TaskSpec(name, make, sequence.TOKENS, range(1, 21), range(21, 41))
+      for name, make in sequence.COPY_REVERSE_TASKS.items()),
+    _algorithmic("addition", train_weight=algorithmic.addition_length_weight),
+    _algorithmic("polynomial"),
+    _algorithmic("sort", NO_VARIABLES),
+    _algorithmic("sort_symbols", NO_VARIABLES),
+    _algorithmic("summation"),
+    _algorithmic("parity"),
+    _algorithmic("lego", NO_VARIABLES, range(4, 9), max_length=algorithmic.LEGO_MAX_VARIABLES),
+    TaskSpec("scan", scan.make_scan, scan.TOKENS, range(1, 26), range(26, 49), max_length=48,
+             has_length=scan.has_length, train_weight=scan.count_of_length),
+    TaskSpec("pcfg", pcfg.make_pcfg, pcfg.TOKENS, range(1, 9), range(9, 36)),
+]
+TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in _SPECS}
+
+
+def get_task(task: str) -> TaskSpec:
+    """The spec of ``task``; ``ValueError`` listing the known tasks otherwise."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+    return TASKS[task]
+
+
+def make_split(task: str, split: str, n: int, seed: int, scratchpad: str = "none",
+               train_max_len: int | None = None, test_max_len: int | None = None) -> list[Example]:
+    """``n`` examples of ``task`` for ``split`` ("train", "valid" or "test"), deterministic in ``seed``.
+
+    Train and valid draw from the training lengths (valid is the in-distribution validation set),
+    test from the lengths in ``(train_max_len, test_max_len]``, cycling through them so every
+    length gets ``n // #lengths`` or one more examples. Each (task, split, seed) has its own random
+    stream, and the scratchpad format only changes how the same problems are written.
+    """
+    spec = get_task(task)
+    spec.check_scratchpad(scratchpad)
+    if n < 0:
+        raise ValueError(f"n={n} must be >= 0")
+    lengths = spec.split_lengths(split, train_max_len, test_max_len)
+    rng = random.Random(f"{spec.name}/{split}/{seed}")
+    if split == "test":
+        return [spec.generate(rng, lengths[i % len(lengths)], scratchpad) for i in range(n)]
+    plan = rng.choices(lengths, weights=[spec.train_weight(length) for length in lengths], k=n)
+    too_small: set[int] = set()  # lengths whose problems cannot be split between train and valid
+    return [_draw_held_out(spec, rng, length, scratchpad, split == "valid", too_small) for length in plan]
+
+
+def _draw_held_out(spec: TaskSpec, rng: random.Random, length: int, scratchpad: str,
+                   valid: bool, too_small: set[int]) -> Example:
+    """An example on the requested side of the train/valid split, or any example for a too-small length."""
+    if length in too_small:
+        return spec.generate(rng, length, scratchpad)
+    for _ in range(MAX_DRAWS):
+        example = spec.generate(rng, length, scratchpad)
+        if is_held_out(example.prompt) == valid:
+            return example
+    too_small.add(length)
+    return example
+
+
+def is_held_out(prompt: list[str]) -> bool:
+    """Whether a problem is reserved for validation (stable across processes and seeds)."""
+    digest = hashlib.blake2b(" ".join(prompt).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % HOLDOUT_MODULUS == 0
+
+
+def exact_match(pred_tokens: list[str], example: Example) -> bool:
+    """Whether the final answer in a prediction equals the example's answer (see ``parse_answer``)."""
+    return parse_answer(pred_tokens) == example.answer
+
+
+def length_bucket(length: int, width: int = 1) -> str:
+    """Label of the length bucket for per-length metrics: ``"24"``, or ``"21-25"`` for ``width=5``.
+
+    Buckets are aligned to multiples of ``width`` (1-5, 6-10, ...), so with the paper's ranges a
+    bucket never mixes training and test lengths when ``width`` divides the training maximum.
+    """
+    if width < 1:
+        raise ValueError(f"width={width} must be >= 1")
+    if width == 1:
+        return str(length)
+    low = (length - 1) // width * width + 1
+    return f"{low}-{low + width - 1}"
