@@ -325,3 +325,74 @@ class PrepareConfig:
     """``nope-lightning run prepare``: tokenizer + packed token files of ``data.corpus`` (cached)."""
 
     data: DataConfig = field(default_factory=DataConfig)
+
+
+@dataclass
+class ExtensionConfig:
+    """A length-extension setting applied at evaluation time to a trained model (no training).
+
+    ``temperature``: uniform lambda (units of 1/sqrt(d)); ``temperature_table``: per-head table file or
+    ``runs:/<run_id>/<artifact path>``; ``rope_scaling``: NTK / dynamic NTK / YaRN zero-shot (or PI/YaRN
+    of a fine-tuned model) for RoPE models; ``attention_backend``: sdpa or flash.
+    """
+
+    temperature: float = 1.0
+    temperature_table: str = ""
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+    attention_backend: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        check_range("extension.temperature", self.temperature, 0.0, low_open=True)
+        check_choice("extension.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+
+
+LONGCTX_TASKS = ("multikey_retrieval", "passage_retrieval", "passage_count", "variable_tracking")
+
+
+@dataclass
+class EvaluateConfig:
+    """``nope-lightning run evaluate checkpoint=<export folder | runs:/<id>/model>``.
+
+    Empty ``eval_lengths`` means 1x, 2x, 4x, 8x the model's ``train_len``; ``stride=0`` means
+    ``train_len // 8`` (the paper's 256 at 2K); empty ``corpora`` means the model's own corpus.
+    Perplexity scores ``ppl_tokens`` tokens per (corpus, length): the same documents and tokens whatever
+    the batch size or process count. Passkey: ``passkey_depths`` depths x ``passkey_keys`` keys per length.
+    """
+
+    checkpoint: str = ""
+    extension: ExtensionConfig = field(default_factory=ExtensionConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(progress_bar=True))
+    corpora: list[str] = field(default_factory=list)
+    eval_lengths: list[int] = field(default_factory=list)
+    stride: int = 0
+    ppl_tokens: int = 16384
+    batch_size: int = 4
+    position_windows: int = 8
+    position_buckets: int = 32
+    entropy_windows: int = 2
+    entropy_chunk: int = 256
+    passkey_lengths: list[int] = field(default_factory=list)
+    passkey_depths: int = 10
+    passkey_keys: int = 5
+    longctx_tasks: list[str] = field(default_factory=lambda: list(LONGCTX_TASKS))
+    longctx_samples: int = 5
+    longbench_files: list[str] = field(default_factory=list)
+    max_new_tokens: int = 8
+    seed: int = 1234
+    name: str = ""
+    plots: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.checkpoint:
+            raise ValueError("checkpoint= is required: an export folder (…/model) or runs:/<run_id>/model")
+        for key in ("stride", "position_windows", "entropy_windows", "passkey_keys", "longctx_samples"):
+            check_range(key, getattr(self, key), 0)
+        for key in ("ppl_tokens", "batch_size", "entropy_chunk", "max_new_tokens", "passkey_depths",
+                    "position_buckets"):
+            check_range(key, getattr(self, key), 1)
+        for key in ("eval_lengths", "passkey_lengths"):
+            for length in getattr(self, key):
+                check_range(key, length, 2)
+        for task in self.longctx_tasks:
+            check_choice("longctx_tasks", task, LONGCTX_TASKS)

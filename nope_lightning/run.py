@@ -41,6 +41,8 @@ STAGES: dict[str, Stage] = {
                      "tokenizer + packed token files for a corpus (cached)"),
     "pretrain": Stage("nope_lightning.config:PretrainConfig", "nope_lightning.stages.pretrain:run",
                       "causal LM from scratch with a chosen position encoding"),
+    "evaluate": Stage("nope_lightning.config:EvaluateConfig", "nope_lightning.stages.evaluate:run",
+                      "PPL, per-position curves, attention entropy, passkey, long-context tasks"),
 }
 
 

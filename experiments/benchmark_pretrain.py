@@ -1,0 +1,160 @@
+"""Pretraining throughput, measured side by side in one run (performance claims live here, not in tests).
+
+Prints, for one model/batch/data configuration (default: the ``small`` CPU recipe):
+
+1. tokens/s of the pretrain stage's code path (``CausalLM`` + ``PackedDataModule`` + ``build_trainer``)
+   vs a bare PyTorch loop over the same model, optimizer, schedule, clipping and batches (goal >= 0.95);
+2. the bare loop at 1 and 2 intra-op threads, and the stage with DDP on 2 processes x 1 thread
+   (the choice behind ``trainer.threads=0``);
+3. achieved model FLOP/s (6 N + 6 n_layer T d per token, forward + backward; N = non-embedding
+   parameters) vs a measured fp32 matmul peak on the same thread count (goal >= 0.7).
+
+Usage: ``python experiments/benchmark_pretrain.py [pretrain overrides ...] [--steps 30] [--warmup 5]``.
+Timing excludes the first ``--warmup`` steps (allocator and kernel warm-up) and all validation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from nope_lightning.config import PretrainConfig, load_config
+from nope_lightning.data import PackedDataModule, prepare
+from nope_lightning.data.datamodule import sample_batch
+from nope_lightning.model import GPT
+from nope_lightning.stages.lm import CausalLM, lm_loss, warmup_cosine
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class StepTimer:
+    """Wall time of optimizer steps ``warmup .. end`` (a Lightning callback; rank 0 writes ``out``)."""
+
+    def __init__(self, warmup: int, out: str | None = None) -> None:
+        from lightning.pytorch.callbacks import Callback
+
+        timer = self
+
+        class _Callback(Callback):
+            def on_train_batch_start(self, trainer, *args) -> None:
+                if trainer.global_step == warmup:
+                    timer.start = time.perf_counter()
+
+            def on_train_end(self, trainer, *args) -> None:
+                timer.elapsed = time.perf_counter() - timer.start
+                if out and trainer.is_global_zero:
+                    Path(out).write_text(json.dumps({"elapsed": timer.elapsed}))
+
+        self.callback, self.start, self.elapsed = _Callback(), 0.0, 0.0
+
+
+def model_flops_per_token(model: GPT, seq_len: int) -> float:
+    """Training FLOPs per token: 6 N (matmuls, fwd + bwd) + 6 n_layer T d (attention scores and values)."""
+    cfg = model.cfg
+    embed = model.transformer.wte.weight.numel() + getattr(model, "wpe", torch.nn.Embedding(0, 1)).weight.numel()
+    n = sum(p.numel() for p in model.parameters()) - embed
+    return 6 * n + 6 * cfg.n_layer * seq_len * cfg.n_embd
+
+
+def matmul_peak(threads: int, size: int = 1024, repeats: int = 20) -> float:
+    """Measured fp32 matmul FLOP/s at ``threads`` threads (best of ``repeats``)."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * size**3 / best
+
+
+def bare_loop(cfg: PretrainConfig, vocab: int, tokens, steps: int, warmup: int, threads: int) -> float:
+    """tokens/s of a plain PyTorch training loop (same init, optimizer groups, schedule, clipping, data)."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(cfg.seed)
+    model = GPT(cfg.model, vocab, cfg.train_len)
+    module = CausalLM(model, cfg.optim, steps)  # only to reuse the exact optimizer parameter groups
+    o = cfg.optim
+    optimizer = torch.optim.AdamW([g for g in module.param_groups() if g["params"]], lr=o.lr,
+                                  betas=(o.beta1, o.beta2), eps=o.eps)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: warmup_cosine(s, o.warmup_steps, steps, o.min_lr_ratio))
+    model.train()
+    for step in range(steps):
+        if step == warmup:
+            start = time.perf_counter()
+        batch = sample_batch(tokens, step, cfg.train_len, cfg.batch_size, cfg.seed, 0)
+        loss = lm_loss(model(batch[:, :-1]), batch[:, 1:])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
+        optimizer.step()
+        schedule.step()
+    return (steps - warmup) * cfg.batch_size * cfg.train_len / (time.perf_counter() - start)
+
+
+def stage_loop(cfg: PretrainConfig, prepared, steps: int, warmup: int, threads: int, devices: int = 1) -> float:
+    """tokens/s (all processes together) of the stage's Lightning path."""
+    import dataclasses
+
+    from lightning.pytorch import seed_everything
+
+    from nope_lightning.run import build_trainer
+
+    seed_everything(cfg.seed, verbose=False)
+    trainer_cfg = dataclasses.replace(cfg.trainer, max_steps=steps, threads=threads, devices=devices,
+                                      accelerator="cpu", strategy="ddp_spawn" if devices > 1 else "auto",
+                                      val_every_n_steps=0, val_batches=1, progress_bar=False)
+    model = GPT(cfg.model, prepared.tokenizer.vocab_size, cfg.train_len)
+    data = PackedDataModule(prepared, cfg.train_len, cfg.batch_size, cfg.seed, 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        timer = StepTimer(warmup, f"{tmp}/time.json")
+        trainer = build_trainer(trainer_cfg, callbacks=[timer.callback], grad_clip=cfg.optim.grad_clip,
+                                enable_checkpointing=False, default_root_dir=tmp)
+        trainer.fit(CausalLM(model, cfg.optim, steps), datamodule=data)
+        elapsed = json.loads(Path(f"{tmp}/time.json").read_text())["elapsed"]
+    return (steps - warmup) * cfg.batch_size * cfg.train_len * devices / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("overrides", nargs="*", help="pretrain config overrides (key=value)")
+    parser.add_argument("--config", default=str(REPO / "conf/pretrain/small.yaml"))
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cfg = load_config(PretrainConfig, args.config, args.overrides)
+    prepared = prepare(cfg.data)
+    tokens = prepared.tokens("train")
+    vocab = prepared.tokenizer.vocab_size
+    flops = model_flops_per_token(GPT(cfg.model, vocab, cfg.train_len), cfg.train_len)
+
+    rows = {}
+    for threads in (1, 2):
+        rows[f"bare loop, {threads} thread(s)"] = bare_loop(cfg, vocab, tokens, args.steps, args.warmup, threads)
+        rows[f"stage, {threads} thread(s)"] = stage_loop(cfg, prepared, args.steps, args.warmup, threads)
+    rows["stage, DDP 2 processes x 1 thread"] = stage_loop(cfg, prepared, args.steps, args.warmup, 1, devices=2)
+    peaks = {t: matmul_peak(t) for t in (1, 2)}
+
+    print(f"\nmodel: {cfg.model.n_layer} layers x {cfg.model.n_embd}, {cfg.model.pos_encoding}, "
+          f"T={cfg.train_len}, batch={cfg.batch_size}, vocab={vocab}; {flops / 1e6:.2f} MFLOP/token; "
+          f"torch {torch.__version__}, {os.cpu_count()} CPUs")
+    print(f"fp32 matmul peak (1024^3): 1 thread {peaks[1] / 1e9:.1f} GFLOP/s, 2 threads {peaks[2] / 1e9:.1f}")
+    print(f"{'setting':38s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'of peak':>8s}")
+    for name, tps in rows.items():
+        threads = 2 if "2 thread" in name or "DDP" in name else 1
+        print(f"{name:38s} {tps:9.0f} {tps * flops / 1e9:8.2f} {tps * flops / peaks[threads]:8.2f}")
+    for threads in (1, 2):
+        ratio = rows[f"stage, {threads} thread(s)"] / rows[f"bare loop, {threads} thread(s)"]
+        print(f"stage / bare loop at {threads} thread(s): {ratio:.3f} (goal >= 0.95)")
+
+
+if __name__ == "__main__":
+    main()

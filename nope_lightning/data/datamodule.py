@@ -1,0 +1,153 @@
+"""LightningDataModule over packed token files: random training windows, fixed validation windows.
+
+Training batch number ``k`` is a pure function of ``(seed, k, rank)``: ``batch_size`` windows of
+``seq_len + 1`` tokens at offsets drawn from ``numpy.random.default_rng([seed, k, rank])``, uniform over
+the train token stream (windows may span document boundaries, which BOS/EOS mark). ``k`` counts batches
+drawn, i.e. the optimizer step when ``accumulate_grad_batches=1``. The stream is infinite (training stops
+at ``max_steps``) and ``train_dataloader()`` starts it at the trainer's position
+(``global_step * accumulate_grad_batches``), so a run resumed from a checkpoint sees exactly the batches
+the uninterrupted run would have seen.
+
+Validation uses the first ``val_batches * batch_size`` contiguous, non-overlapping windows of the val
+split, in order. Under DDP they are **sharded by rank without overlap**: rank r of W takes windows
+r, r + W, ... (the last ``< W`` windows are dropped so every rank runs the same number of batches), so
+the module should log validation metrics with ``sync_dist=True`` to average them over ranks.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
+
+from nope_lightning.config import DataConfig
+from nope_lightning.data.prepare import PreparedData, prepare
+
+
+def sample_batch(tokens: np.ndarray, step: int, seq_len: int, batch_size: int, seed: int,
+                 rank: int) -> torch.Tensor:
+    """Training batch number ``step`` for ``rank``: int64 tensor of shape ``(batch_size, seq_len + 1)``."""
+    rng = np.random.default_rng([seed, step, rank])
+    starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)  # last start: len - (seq_len + 1)
+    return torch.from_numpy(np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int64))
+
+
+class TokenFile:
+    """A packed ``.bin`` token file, memory-mapped on first use. It pickles as its path, so DataLoader
+    workers each map the file instead of receiving a copy of the tokens."""
+
+    def __init__(self, path: str | os.PathLike, dtype: np.dtype):
+        self.path, self.dtype = str(path), np.dtype(dtype)
+        self._tokens: np.memmap | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tokens": None}
+
+    @property
+    def tokens(self) -> np.memmap:
+        """The file's tokens, shape ``(len(self),)``, read-only."""
+        if self._tokens is None:
+            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
+        return self._tokens
+
+    def __len__(self) -> int:
+        return os.path.getsize(self.path) // self.dtype.itemsize
+
+
+class RandomWindowBatches(IterableDataset):
+    """Infinite stream of whole training batches ``start_step, start_step + 1, ...`` (see ``sample_batch``).
+
+    With ``W`` DataLoader workers, worker ``w`` makes batches ``start_step + w, start_step + w + W, ...``;
+    the DataLoader reads workers round-robin, so the batches still arrive in order.
+    """
+
+    def __init__(self, file: TokenFile, seq_len: int, batch_size: int, seed: int, rank: int, start_step: int):
+        super().__init__()
+        self.file, self.seq_len, self.batch_size = file, seq_len, batch_size
+        self.seed, self.rank, self.start_step = seed, rank, start_step
+
+    def __iter__(self):
+        worker = get_worker_info()
+        step, stride = (self.start_step, 1) if worker is None else (self.start_step + worker.id,
+                                                                     worker.num_workers)
+        while True:
+            yield sample_batch(self.file.tokens, step, self.seq_len, self.batch_size, self.seed, self.rank)
+            step += stride
+
+
+class ContiguousWindows(Dataset):
+    """Window ``i`` = tokens ``[i * (seq_len + 1), (i + 1) * (seq_len + 1))``, int64, shape ``(seq_len + 1,)``;
+    the first ``max_windows`` that fit in the file."""
+
+    def __init__(self, file: TokenFile, seq_len: int, max_windows: int):
+        self.file, self.width = file, seq_len + 1
+        self.count = min(max_windows, len(file) // self.width)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if not 0 <= i < self.count:
+            raise IndexError(i)
+        return torch.from_numpy(self.file.tokens[i * self.width:(i + 1) * self.width].astype(np.int64))
+
+
+class PackedDataModule(LightningDataModule):
+    """Train/val dataloaders over ``prepared``; batches are int64 ``(batch_size, seq_len + 1)`` token ids
+    (inputs ``[:, :-1]``, targets ``[:, 1:]``). See the module docstring for sampling and resumption."""
+
+    def __init__(self, prepared: PreparedData, seq_len: int, batch_size: int, seed: int, val_batches: int,
+                 num_workers: int = 0):
+        super().__init__()
+        for name, value, low in (("seq_len", seq_len, 1), ("batch_size", batch_size, 1),
+                                 ("val_batches", val_batches, 1), ("num_workers", num_workers, 0),
+                                 ("seed", seed, 0)):
+            if value < low:
+                raise ValueError(f"{name}={value} must be >= {low}")
+        for split in ("train", "val"):
+            if prepared.num_tokens(split) < seq_len + 1:
+                raise ValueError(f"the {split} split has {prepared.num_tokens(split)} tokens, fewer than "
+                                 f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or a bigger corpus")
+        self.prepared = prepared
+        self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
+        self.val_batches, self.num_workers = val_batches, num_workers
+
+    @classmethod
+    def from_config(cls, data_cfg: DataConfig, seq_len: int, batch_size: int, seed: int,
+                    val_batches: int) -> PackedDataModule:
+        """Prepare ``data_cfg``'s corpus (cached) and wrap it; workers from ``data.num_workers``."""
+        return cls(prepare(data_cfg), seq_len, batch_size, seed, val_batches, data_cfg.num_workers)
+
+    def _file(self, split: str) -> TokenFile:
+        return TokenFile(self.prepared.root / f"{split}.bin", self.prepared.dtype)
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def start_step(self) -> int:
+        """The batch number the next training stream starts at: the trainer's micro-batch count, i.e.
+        ``global_step * accumulate_grad_batches`` (0 with no trainer attached)."""
+        trainer = self.trainer
+        if trainer is None:
+            return 0
+        return trainer.global_step * trainer.accumulate_grad_batches
+
+    def train_dataloader(self) -> DataLoader:
+        rank, _ = self._rank_and_world()
+        stream = RandomWindowBatches(self._file("train"), self.seq_len, self.batch_size, self.seed, rank,
+                                     self.start_step())
+        return DataLoader(stream, batch_size=None, num_workers=self.num_workers,
+                          pin_memory=torch.cuda.is_available())
+
+    def val_dataloader(self) -> DataLoader:
+        rank, world = self._rank_and_world()
+        windows = ContiguousWindows(self._file("val"), self.seq_len, self.val_batches * self.batch_size)
+        # Our own DistributedSampler: Lightning then leaves it alone, and drop_last avoids the padding
+        # (repeated windows) its default sampler would add.
+        sampler = DistributedSampler(windows, num_replicas=world, rank=rank, shuffle=False, drop_last=True)
+        return DataLoader(windows, batch_size=self.batch_size, sampler=sampler, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available())

@@ -1,0 +1,122 @@
+"""Sliding-window perplexity windows and the Lightning module that scores them.
+
+A document of n tokens is read in windows of ``length`` input tokens moved by ``stride``: window k has
+inputs ``x[kS : kS+L]`` and targets ``x[kS+1 : kS+L+1]``. The first window of a document scores all L
+targets, every later one only its last S, so each target is scored once, with at least L - S tokens of
+context (the paper's protocol, S = 256 at L = 2K). Windows are listed document by document (documents in
+a fixed order) until ``budget`` targets are scored; the list — hence the perplexity — does not depend on
+the batch size or on how many processes share it (rank r takes windows r, r + W, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningModule
+from torch.utils.data import Dataset
+
+from nope_lightning.metrics import AttentionEntropy, PositionNLL, TokenNLL, attention_entropy_from_qk
+from nope_lightning.model import GPT
+from nope_lightning.model.probes import attention_probe
+
+
+@dataclass(frozen=True)
+class Window:
+    """Inputs ``doc[start : start + length]``; targets from index ``score_from`` of the window are scored."""
+
+    doc: int
+    start: int
+    score_from: int
+
+
+def sliding_windows(doc_lengths: list[int], length: int, stride: int, budget: int) -> list[Window]:
+    """Windows over documents with at least ``length + 1`` tokens until ``budget`` targets are scored."""
+    if not 0 < stride <= length:
+        raise ValueError(f"stride={stride} must be in 1..{length} (the window length)")
+    windows: list[Window] = []
+    scored = 0
+    for doc, n in enumerate(doc_lengths):
+        start = 0
+        while start + length + 1 <= n and scored < budget:
+            score_from = 0 if start == 0 else length - stride
+            windows.append(Window(doc, start, score_from))
+            scored += length - score_from
+            start += stride
+    return windows
+
+
+def tiled_windows(doc_lengths: list[int], length: int, count: int) -> list[Window]:
+    """Up to ``count`` non-overlapping windows (all targets scored) for per-position curves and entropy."""
+    windows = [Window(doc, start, 0) for doc, n in enumerate(doc_lengths)
+               for start in range(0, n - length, length)]
+    return windows[:count]
+
+
+class WindowDataset(Dataset):
+    """Items ``(tokens (length + 1,) int64, score_from int)``; this rank's share of ``windows``."""
+
+    def __init__(self, docs: list[np.ndarray], windows: list[Window], length: int, rank: int = 0,
+                 world: int = 1) -> None:
+        self.docs, self.windows, self.length = docs, windows[rank::world], length
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        w = self.windows[i]
+        tokens = self.docs[w.doc][w.start:w.start + self.length + 1]
+        return torch.as_tensor(np.asarray(tokens, dtype=np.int64)), w.score_from
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One evaluation dataloader: ``kind`` is ppl, position or entropy; ``corpus`` and window ``length``."""
+
+    kind: str
+    corpus: str
+    length: int
+
+
+class WindowEvaluator(LightningModule):
+    """Scores windows in ``trainer.test``: one dataloader per ``Stream`` (dataloader_idx = stream index).
+
+    Results (synced across processes) land in ``self.results`` at the end of the test epoch:
+    ``("ppl", corpus, L) -> TokenNLL``, ``("position", corpus, L) -> PositionNLL``,
+    ``("entropy", corpus, L) -> AttentionEntropy`` — metric objects, already computed.
+    """
+
+    def __init__(self, model: GPT, streams: list[Stream], entropy_chunk: int) -> None:
+        super().__init__()
+        self.model, self.streams, self.entropy_chunk = model, streams, entropy_chunk
+        cfg = model.cfg
+        self.metrics = torch.nn.ModuleList(
+            TokenNLL() if s.kind == "ppl" else PositionNLL(s.length) if s.kind == "position"
+            else AttentionEntropy(cfg.n_layer, cfg.n_head, s.length) for s in streams)
+        self.results: dict[tuple[str, str, int], object] = {}
+
+    def test_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        tokens, score_from = batch
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        stream, metric = self.streams[dataloader_idx], self.metrics[dataloader_idx]
+        if stream.kind == "entropy":
+            with attention_probe(self.model, lambda layer, q, k, mask: metric.update(
+                    layer, entropy=attention_entropy_from_qk(q, k, 1.0, self.entropy_chunk, _bias(mask)))):
+                self.model(inputs)
+            return
+        logits = self.model(inputs)
+        positions = torch.arange(inputs.size(1), device=tokens.device)
+        metric.update(logits, targets, positions[None, :] >= score_from[:, None])
+
+    def on_test_epoch_end(self) -> None:
+        for stream, metric in zip(self.streams, self.metrics, strict=True):
+            metric.compute()  # syncs the sum states across processes once, here, where all ranks are
+            self.results[stream.kind, stream.corpus, stream.length] = metric
+
+
+def _bias(mask: torch.Tensor | None):
+    """The probe's additive (1, H, T, T) mask as ``attention_entropy_from_qk``'s bias callable."""
+    if mask is None:
+        return None
+    return lambda q_pos, k_pos: mask[0][:, q_pos][:, :, k_pos]

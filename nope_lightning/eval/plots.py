@@ -1,0 +1,89 @@
+"""Matplotlib figures in the papers' styles (the evaluate stage and the report both draw with these).
+
+Each function returns a ``Figure``; ``tracking.log_figure`` saves it as a PNG artifact.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: figures are only ever written to files
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def position_curves(logppl: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+                    entropy: Mapping[str, tuple[Sequence[float], Sequence[float]]], train_len: int,
+                    bound: tuple[Sequence[float], Sequence[float]] | None = None, title: str = ""):
+    """Fig 1 style: log-PPL (top) and mean attention entropy in nats (bottom) vs position, per method.
+
+    Each mapping is ``label -> (positions, values)``; the training length is marked by a dashed line and
+    ``bound`` (positions, log i) is drawn as the entropy upper bound.
+    """
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True)
+    for label, (x, y) in logppl.items():
+        top.plot(x, y, marker=".", label=label)
+    for label, (x, y) in entropy.items():
+        bottom.plot(x, y, marker=".", label=label)
+    if bound is not None:
+        bottom.plot(*bound, color="gray", linestyle=":", label="log i (uniform attention)")
+    for ax, ylabel in ((top, "log-PPL (nats/token)"), (bottom, "attention entropy (nats)")):
+        ax.axvline(train_len, color="black", linestyle="--", linewidth=1)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    bottom.set_xlabel(f"position (train length {train_len} dashed)")
+    top.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def entropy_heatmap(entropy: np.ndarray, edges: Sequence[int], train_len: int, title: str = ""):
+    """Fig 3/10 style: entropy (nats) per (layer, head) row x position bucket, with log i per bucket.
+
+    ``entropy`` is (n_layer, n_head, n_buckets); ``edges`` the bucket edges (n_buckets + 1).
+    """
+    n_layer, n_head, n_buckets = entropy.shape
+    fig, (ax, bound_ax) = plt.subplots(2, 1, figsize=(8, 2 + 0.25 * n_layer * n_head),
+                                       gridspec_kw={"height_ratios": [n_layer * n_head, 3]}, sharex=True)
+    image = ax.imshow(entropy.reshape(n_layer * n_head, n_buckets), aspect="auto", cmap="viridis",
+                      interpolation="nearest")
+    fig.colorbar(image, ax=[ax, bound_ax], label="entropy (nats)")
+    ax.set_yticks(range(0, n_layer * n_head, n_head), [f"layer {layer}" for layer in range(n_layer)])
+    ax.set_ylabel("layer / head")
+    centers = [(a + b - 1) / 2 for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    bound_ax.plot(range(n_buckets), [math.log(c + 1) for c in centers], color="gray", label="log i")
+    bound_ax.plot(range(n_buckets), np.nanmean(entropy, axis=(0, 1)), color="C1", label="mean")
+    bound_ax.legend(fontsize=8)
+    past = [b for b, c in enumerate(centers) if c >= train_len]
+    if past:
+        for a in (ax, bound_ax):
+            a.axvline(past[0] - 0.5, color="white" if a is ax else "black", linestyle="--", linewidth=1)
+    labels = [f"{int(a)}" for a in edges[:-1]]
+    step = max(1, n_buckets // 8)
+    bound_ax.set_xticks(range(0, n_buckets, step), labels[::step])
+    bound_ax.set_xlabel("position bucket start")
+    ax.set_title(title)
+    return fig
+
+
+def passkey_heatmap(accuracy: Mapping[tuple[int, float], float], title: str = ""):
+    """Fig 6 style: passkey accuracy per (length, depth) cell, depth on y, length on x."""
+    lengths = sorted({length for length, _ in accuracy})
+    depths = sorted({depth for _, depth in accuracy})
+    grid = np.array([[accuracy.get((length, depth), np.nan) for length in lengths] for depth in depths])
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 4.5))
+    image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
+    fig.colorbar(image, ax=ax, label="accuracy")
+    ax.set_xticks(range(len(lengths)), [str(length) for length in lengths])
+    ax.set_yticks(range(len(depths)), [f"{round(100 * d)}%" for d in depths])
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_ylabel("key depth")
+    for (row, col), value in np.ndenumerate(grid):
+        if not np.isnan(value):
+            ax.text(col, row, f"{value:.1f}", ha="center", va="center", fontsize=7)
+    ax.set_title(title)
+    return fig

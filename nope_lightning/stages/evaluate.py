@@ -1,0 +1,291 @@
+"""``evaluate``: any trained model under any length-extension setting, logged to one MLflow run.
+
+Measures (paper 001 §2.3, §4.2-4.4): sliding-window perplexity per corpus and length; per-position log-PPL
+at the longest length; attention entropy (nats) per layer x head x position; passkey retrieval per
+length x depth; synthetic long-context tasks and user-supplied LongBench files. Window scoring runs in
+``trainer.test`` (so it shards over processes); generation runs on rank 0.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from nope_lightning import tracking
+from nope_lightning.checkpoint import LoadedModel, load_model
+from nope_lightning.config import EvaluateConfig, ExtensionConfig, TrackingConfig
+from nope_lightning.eval.perplexity import Stream, WindowDataset, WindowEvaluator, sliding_windows, tiled_windows
+from nope_lightning.metrics import AttentionEntropy, position_buckets
+
+
+def extension_overrides(ext: ExtensionConfig, tracking_cfg: TrackingConfig) -> dict[str, Any]:
+    """Model fields set by an extension; a ``runs:/<id>/<path>`` table is downloaded first."""
+    table = ext.temperature_table
+    if table.startswith("runs:/"):
+        run_id, _, path = table.removeprefix("runs:/").partition("/")
+        table = str(tracking.download(tracking_cfg, run_id, path))
+    return {"temperature": ext.temperature, "temperature_table": table, "rope_scaling": ext.rope_scaling,
+            "attention_backend": ext.attention_backend}
+
+
+def extension_label(ext: ExtensionConfig) -> str:
+    """Short name of a setting for run names and tables, e.g. ``plain``, ``lam1.2``, ``table``, ``yarn4``."""
+    parts = []
+    if ext.temperature != 1.0:
+        parts.append(f"lam{ext.temperature:g}")
+    if ext.temperature_table:
+        parts.append("table")
+    if ext.rope_scaling.method != "none":
+        parts.append(f"{ext.rope_scaling.method}{ext.rope_scaling.factor:g}")
+    return "-".join(parts) or "plain"
+
+
+def test_documents(loaded: LoadedModel, corpus: str, tokenizer) -> list[tuple[str, np.ndarray]]:
+    """The test split of ``corpus`` (split as the model's data config splits), encoded with BOS/EOS."""
+    from nope_lightning.data import load_documents, split_documents
+
+    data = loaded.config.data
+    docs = split_documents(load_documents(corpus, data.cache_path), data.val_fraction, data.test_fraction,
+                           data.split_seed)["test"]
+    encoded = tokenizer.encode_batch([d.text for d in docs])
+    return [(d.name, np.asarray([tokenizer.bos_id, *ids, tokenizer.eos_id], dtype=np.int64))
+            for d, ids in zip(docs, encoded, strict=True)]
+
+
+class WindowData(LightningDataModule):
+    """One test dataloader per stream, sharded by rank inside ``WindowDataset``."""
+
+    def __init__(self, docs: dict[str, list[np.ndarray]], streams: list[Stream], windows: list, batch_size: int):
+        super().__init__()
+        self.docs, self.streams, self.windows, self.batch_size = docs, streams, windows, batch_size
+
+    def test_dataloader(self) -> list[DataLoader]:
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        return [DataLoader(WindowDataset(self.docs[s.corpus], w, s.length, rank, world), batch_size=self.batch_size)
+                for s, w in zip(self.streams, self.windows, strict=True)]
+
+
+def plan_streams(cfg: EvaluateConfig, docs: dict[str, list[np.ndarray]], lengths: list[int],
+                 stride: int) -> tuple[list[Stream], list[list]]:
+    """The evaluation streams and their windows; raises when a corpus has no document long enough."""
+    streams, windows = [], []
+    primary, longest = next(iter(docs)), max(lengths)
+    for corpus, arrays in docs.items():
+        doc_lengths = [len(a) for a in arrays]
+        for length in lengths:
+            w = sliding_windows(doc_lengths, length, min(stride, length), cfg.ppl_tokens)
+            if not w:
+                raise ValueError(f"no test document of corpus {corpus!r} has {length + 1} tokens (longest: "
+                                 f"{max(doc_lengths)}); drop {length} from eval_lengths or use a corpus "
+                                 f"with longer documents")
+            streams.append(Stream("ppl", corpus, length))
+            windows.append(w)
+        if cfg.position_windows:
+            streams.append(Stream("position", corpus, longest))
+            windows.append(tiled_windows(doc_lengths, longest, cfg.position_windows))
+    if cfg.entropy_windows:
+        for length in lengths:
+            streams.append(Stream("entropy", primary, length))
+            windows.append(tiled_windows([len(a) for a in docs[primary]], length, cfg.entropy_windows))
+    return streams, windows
+
+
+def run(cfg: EvaluateConfig) -> dict[str, Any]:
+    from nope_lightning.data import TextTokenizer
+    from nope_lightning.run import build_trainer, check_strategy
+
+    check_strategy(cfg.trainer)
+    loaded = load_model(cfg.checkpoint, cfg.tracking, **extension_overrides(cfg.extension, cfg.tracking))
+    model, train_len = loaded.model.eval(), loaded.config.train_len
+    lengths = sorted(cfg.eval_lengths or [train_len * m for m in (1, 2, 4, 8)])
+    passkey_lengths = sorted(cfg.passkey_lengths or lengths)
+    too_long = [n for n in {*lengths, *passkey_lengths} if n + cfg.max_new_tokens > model.cfg.max_positions]
+    if too_long:
+        raise ValueError(f"lengths {sorted(too_long)} (+{cfg.max_new_tokens} generated tokens) exceed this "
+                         f"model's max_positions={model.cfg.max_positions}; shorten eval_lengths/passkey_lengths")
+    stride = cfg.stride or max(1, train_len // 8)
+    tokenizer = TextTokenizer.load(loaded.tokenizer_file)
+    corpora = cfg.corpora or [loaded.config.data.corpus]
+    named_docs = {corpus: test_documents(loaded, corpus, tokenizer) for corpus in corpora}
+    docs = {corpus: [a for _, a in named] for corpus, named in named_docs.items()}
+    streams, windows = plan_streams(cfg, docs, lengths, stride)
+    # Build every prompt before any compute, so a length that cannot hold a prompt fails fast.
+    keys = passkey_samples(tokenizer, passkey_lengths, cfg) if cfg.passkey_keys else []
+    texts = _texts(named_docs[corpora[0]], tokenizer)
+    tasks = long_context_samples(tokenizer, texts, passkey_lengths, cfg) if cfg.longctx_samples else {}
+
+    evaluator = WindowEvaluator(model, streams, cfg.entropy_chunk)
+    trainer = build_trainer(cfg.trainer, enable_checkpointing=False)
+    with torch.no_grad():
+        trainer.test(evaluator, datamodule=WindowData(docs, streams, windows, cfg.batch_size), verbose=False)
+    if not trainer.is_global_zero:
+        return {}
+
+    results: dict[str, Any] = {"setting": extension_label(cfg.extension), "train_len": train_len,
+                               "lengths": lengths, "stride": stride, "corpora": corpora}
+    metrics = window_metrics(evaluator.results, corpora, lengths, cfg, results)
+    if keys:
+        metrics.update(passkey(model, tokenizer, keys, cfg, results))
+    if tasks:
+        metrics.update(long_context(model, tokenizer, tasks, cfg, results))
+    for path in cfg.longbench_files:
+        metrics.update(longbench(model, tokenizer, path, max(passkey_lengths), cfg, results))
+
+    name = cfg.name or f"evaluate-{loaded.config.name or Path(loaded.folder).parent.name}-{results['setting']}"
+    run_id = tracking.create_run(cfg.tracking, "evaluate", name, cfg)
+    tracking.log_metrics(cfg.tracking, run_id, metrics)
+    tracking.log_json(cfg.tracking, run_id, results, "results.json")
+    if cfg.plots:
+        log_plots(cfg, run_id, results, train_len)
+    tracking.end_run(cfg.tracking, run_id)
+    return {"run_id": run_id, **metrics}
+
+
+def _texts(named: list[tuple[str, np.ndarray]], tokenizer) -> list[str]:
+    return [tokenizer.decode(a[1:-1].tolist()) for _, a in named]
+
+
+def window_metrics(res: dict, corpora: list[str], lengths: list[int], cfg: EvaluateConfig,
+                   results: dict) -> dict[str, float]:
+    """Perplexity, per-position log-PPL and entropy metrics from the evaluator's synced results."""
+    metrics: dict[str, float] = {}
+    results["ppl"] = {}
+    for corpus in corpora:
+        results["ppl"][corpus] = {}
+        for length in lengths:
+            nll = res["ppl", corpus, length]
+            ppl, loss = float(nll.perplexity()), float(nll.compute())
+            results["ppl"][corpus][length] = {"ppl": ppl, "nll": loss, "tokens": int(nll.count.item())}
+            metrics[f"val/{corpus}/len{length}/ppl"] = ppl
+            if corpus == corpora[0]:
+                metrics[f"val/len{length}/ppl"] = ppl
+                metrics[f"val/len{length}/loss"] = loss
+    longest = max(lengths)
+    if cfg.position_windows:
+        edges = position_buckets(longest, cfg.position_buckets, "linear")
+        results["position"] = {"edges": edges.tolist(), "logppl": {
+            corpus: res["position", corpus, longest].bucketed(edges).tolist() for corpus in corpora}}
+    if cfg.entropy_windows:
+        results["entropy"] = {}
+        for length in lengths:
+            ent: AttentionEntropy = res["entropy", corpora[0], length]
+            metrics[f"val/len{length}/entropy"] = float(ent.compute().nanmean())
+        ent = res["entropy", corpora[0], longest]
+        edges = position_buckets(longest, cfg.position_buckets, "linear")
+        results["entropy"] = {"edges": edges.tolist(), "unit": "nats",
+                              "per_head": ent.bucketed(edges).tolist(),
+                              "mean": np.nanmean(ent.bucketed(edges).numpy(), axis=(0, 1)).tolist()}
+    return metrics
+
+
+def passkey_samples(tokenizer, lengths: list[int], cfg: EvaluateConfig) -> list:
+    """The passkey grid lengths x ``passkey_depths`` depths (0, 1/n, ...) x ``passkey_keys`` keys."""
+    from nope_lightning.eval.passkey import make_passkey_samples
+
+    depths = [i / cfg.passkey_depths for i in range(cfg.passkey_depths)]
+    return make_passkey_samples(tokenizer, lengths, depths, cfg.passkey_keys, cfg.seed, [tokenizer.bos_id])
+
+
+def passkey(model, tokenizer, samples: list, cfg: EvaluateConfig, results: dict) -> dict[str, float]:
+    """Greedy passkey retrieval (the reference prompt); accuracy per length and per (length, depth)."""
+    from nope_lightning.eval.generate import greedy_generate
+    from nope_lightning.eval.passkey import passkey_accuracy, score_passkey
+
+    outputs = []
+    for length in tqdm(sorted({s.length for s in samples}), desc="passkey", leave=False):
+        batch = [s for s in samples if s.length == length]
+        generated = greedy_generate(model, [s.input_ids for s in batch], cfg.max_new_tokens, cfg.batch_size,
+                                    tokenizer.vocab_size)
+        outputs += [score_passkey(tokenizer.decode(g), s.key) for s, g in zip(batch, generated, strict=True)]
+    accuracy = passkey_accuracy(samples, outputs)
+    results["passkey"] = {"by_length": accuracy.by_length, "overall": accuracy.overall,
+                          "by_cell": [[length, depth, acc] for (length, depth), acc in accuracy.by_cell.items()]}
+    return accuracy.metrics("passkey")
+
+
+def long_context_samples(tokenizer, documents: list[str], lengths: list[int], cfg: EvaluateConfig) -> dict:
+    """``(task, length) -> samples`` of the offline long-context tasks built from the test documents.
+
+    A task whose fixed parts do not fit a (short) length is skipped for that length with a warning; the
+    skip is listed in ``results.json`` under ``longctx_skipped``.
+    """
+    from nope_lightning.eval import longctx
+
+    tasks, skipped = {}, {}
+    for task in cfg.longctx_tasks:
+        for length in lengths:
+            try:
+                tasks[task, length] = getattr(longctx, task)(tokenizer, documents, length, cfg.longctx_samples,
+                                                             seed=cfg.seed)
+            except ValueError as err:
+                skipped[f"{task}/len{length}"] = str(err)
+                warnings.warn(f"long-context task {task} skipped at length {length}: {err}", stacklevel=2)
+    return {"samples": tasks, "skipped": skipped}
+
+
+def long_context(model, tokenizer, tasks: dict, cfg: EvaluateConfig, results: dict) -> dict[str, float]:
+    """Greedy answers to the long-context samples; mean score in [0, 1] per task x length."""
+    from nope_lightning.eval.generate import greedy_generate
+
+    metrics, results["longctx"], results["longctx_skipped"] = {}, {}, tasks["skipped"]
+    for (task, length), samples in tqdm(tasks["samples"].items(), desc="long-context tasks", leave=False):
+        new = max(s.max_new_tokens for s in samples)
+        generated = greedy_generate(model, [s.prompt_ids for s in samples], new, cfg.batch_size,
+                                    tokenizer.vocab_size)
+        score = float(np.mean([s.score(tokenizer.decode(g)) for s, g in zip(samples, generated, strict=True)]))
+        metrics[f"longctx/{task}/len{length}/score"] = score
+        results["longctx"].setdefault(task, {})[length] = score
+    return metrics
+
+
+def longbench(model, tokenizer, path: str, max_len: int, cfg: EvaluateConfig, results: dict) -> dict[str, float]:
+    """A user's LongBench JSONL file: middle-truncated to ``max_len`` tokens, greedy, LongBench's metric."""
+    from nope_lightning.eval.generate import greedy_generate
+    from nope_lightning.eval.longbench import MAX_NEW_TOKENS, load_longbench, scorer, truncate_middle
+
+    samples = load_longbench(path)
+    dataset = samples[0].dataset
+    new = MAX_NEW_TOKENS.get(dataset, 32)
+    prompts = [[tokenizer.bos_id, *truncate_middle(tokenizer.encode(s.prompt("{context}\n\n{input}")),
+                                                   max_len - new - 1)] for s in samples]
+    generated = greedy_generate(model, prompts, new, 1, tokenizer.vocab_size)
+    score = scorer(dataset, [tokenizer.decode(g) for g in generated], [s.answers for s in samples],
+                   samples[0].all_classes)
+    results.setdefault("longbench", {})[dataset] = score
+    return {f"longbench/{dataset}/score": score}
+
+
+def log_plots(cfg: EvaluateConfig, run_id: str, results: dict, train_len: int) -> None:
+    """Fig 1 (log-PPL + entropy vs position), Fig 3 (entropy per head) and Fig 6 (passkey) PNGs."""
+    from nope_lightning.eval import plots
+
+    setting = results["setting"]
+    if "position" in results:
+        edges = results["position"]["edges"]
+        centers = [(a + b - 1) / 2 for a, b in zip(edges[:-1], edges[1:], strict=True)]
+        logppl = {f"{corpus} ({setting})": (centers, v) for corpus, v in results["position"]["logppl"].items()}
+        entropy = {}
+        bound = None
+        if "entropy" in results:
+            e_edges = results["entropy"]["edges"]
+            e_centers = [(a + b - 1) / 2 for a, b in zip(e_edges[:-1], e_edges[1:], strict=True)]
+            entropy = {setting: (e_centers, results["entropy"]["mean"])}
+            bound = (e_centers, list(np.log(np.asarray(e_centers) + 1)))
+        tracking.log_figure(cfg.tracking, run_id, plots.position_curves(logppl, entropy, train_len, bound,
+                            title=f"per-position log-PPL and entropy ({setting})"), "plots/position_curves.png")
+    if "entropy" in results:
+        fig = plots.entropy_heatmap(np.asarray(results["entropy"]["per_head"]), results["entropy"]["edges"],
+                                    train_len, title=f"attention entropy per head, nats ({setting})")
+        tracking.log_figure(cfg.tracking, run_id, fig, "plots/entropy_heads.png")
+    if "passkey" in results:
+        cells = {(int(length), float(depth)): acc for length, depth, acc in results["passkey"]["by_cell"]}
+        tracking.log_figure(cfg.tracking, run_id, plots.passkey_heatmap(cells, title=f"passkey ({setting})"),
+                            "plots/passkey.png")
+
