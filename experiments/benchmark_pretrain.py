@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from lightning.pytorch.callbacks import Callback
 
 from nope_lightning.config import PretrainConfig, load_config
 from nope_lightning.data import PackedDataModule, prepare
@@ -33,25 +34,20 @@ from nope_lightning.stages.lm import CausalLM, lm_loss, warmup_cosine
 REPO = Path(__file__).resolve().parents[1]
 
 
-class StepTimer:
-    """Wall time of optimizer steps ``warmup .. end`` (a Lightning callback; rank 0 writes ``out``)."""
+class StepTimer(Callback):
+    """Wall time of optimizer steps ``warmup .. end``; rank 0 writes it to ``out`` (JSON), so the
+    measurement also comes back from spawned DDP processes."""
 
-    def __init__(self, warmup: int, out: str | None = None) -> None:
-        from lightning.pytorch.callbacks import Callback
+    def __init__(self, warmup: int, out: str) -> None:
+        self.warmup, self.out, self.start = warmup, out, 0.0
 
-        timer = self
+    def on_train_batch_start(self, trainer, *args) -> None:
+        if trainer.global_step == self.warmup:
+            self.start = time.perf_counter()
 
-        class _Callback(Callback):
-            def on_train_batch_start(self, trainer, *args) -> None:
-                if trainer.global_step == warmup:
-                    timer.start = time.perf_counter()
-
-            def on_train_end(self, trainer, *args) -> None:
-                timer.elapsed = time.perf_counter() - timer.start
-                if out and trainer.is_global_zero:
-                    Path(out).write_text(json.dumps({"elapsed": timer.elapsed}))
-
-        self.callback, self.start, self.elapsed = _Callback(), 0.0, 0.0
+    def on_train_end(self, trainer, *args) -> None:
+        if trainer.is_global_zero:
+            Path(self.out).write_text(json.dumps({"elapsed": time.perf_counter() - self.start}))
 
 
 def model_flops_per_token(model: GPT, seq_len: int) -> float:
@@ -115,7 +111,7 @@ def stage_loop(cfg: PretrainConfig, prepared, steps: int, warmup: int, threads: 
     data = PackedDataModule(prepared, cfg.train_len, cfg.batch_size, cfg.seed, 1)
     with tempfile.TemporaryDirectory() as tmp:
         timer = StepTimer(warmup, f"{tmp}/time.json")
-        trainer = build_trainer(trainer_cfg, callbacks=[timer.callback], grad_clip=cfg.optim.grad_clip,
+        trainer = build_trainer(trainer_cfg, callbacks=[timer], grad_clip=cfg.optim.grad_clip,
                                 enable_checkpointing=False, default_root_dir=tmp)
         trainer.fit(CausalLM(model, cfg.optim, steps), datamodule=data)
         elapsed = json.loads(Path(f"{tmp}/time.json").read_text())["elapsed"]

@@ -18,3 +18,23 @@ torch.set_num_threads(1)
 def tracking_overrides(tmp_path: Path) -> list[str]:
     """``key=value`` overrides that keep a run's MLflow store out of the repo's ``mlruns/``."""
     return [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.artifact_root={tmp_path}/artifacts"]
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> str:
+    """One prepared-data cache per test session (the tiny corpus tokenises in about a second)."""
+    return str(tmp_path_factory.mktemp("data_cache"))
+
+
+@pytest.fixture(scope="session")
+def tiny_pretrained(tmp_path_factory, data_cache) -> dict:
+    """A NoPE model pretrained once per session on the tiny config; its result has ``model`` (export
+    folder) and ``tracking`` (the ``key=value`` overrides of its private MLflow store)."""
+    from nope_lightning.run import run_stage, stage_config
+
+    root = tmp_path_factory.mktemp("tiny_pretrained")
+    tracking = [f"tracking.uri=sqlite:///{root}/mlflow.db", f"tracking.artifact_root={root}/artifacts"]
+    cfg = stage_config("pretrain", str(REPO / "conf/pretrain/tiny.yaml"),
+                       [*tracking, f"data.cache_dir={data_cache}", f"out_dir={root}/run", "trainer.progress_bar=false",
+                        "trainer.max_steps=40"])
+    return {**run_stage("pretrain", cfg), "tracking": tracking}

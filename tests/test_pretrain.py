@@ -24,11 +24,6 @@ from tests.conftest import REPO
 TINY = str(REPO / "conf/pretrain/tiny.yaml")
 
 
-@pytest.fixture(scope="session")
-def data_cache(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("data_cache"))
-
-
 @pytest.fixture
 def overrides(tmp_path, data_cache, tracking_overrides) -> list[str]:
     return [*tracking_overrides, f"data.cache_dir={data_cache}", f"out_dir={tmp_path}/run",

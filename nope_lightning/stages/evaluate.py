@@ -21,7 +21,13 @@ from tqdm.auto import tqdm
 from nope_lightning import tracking
 from nope_lightning.checkpoint import LoadedModel, load_model
 from nope_lightning.config import EvaluateConfig, ExtensionConfig, TrackingConfig
-from nope_lightning.eval.perplexity import Stream, WindowDataset, WindowEvaluator, sliding_windows, tiled_windows
+from nope_lightning.eval.perplexity import (
+    Stream,
+    WindowDataset,
+    WindowEvaluator,
+    sliding_windows,
+    tiled_windows,
+)
 from nope_lightning.metrics import AttentionEntropy, position_buckets
 
 

@@ -1,0 +1,150 @@
+"""The evaluate stage: window perplexity against a brute-force reference, entropy through the probe, and the
+stage end to end on a tiny pretrained model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from torch.utils.data import DataLoader
+
+from nope_lightning import cli
+from nope_lightning.config import ModelConfig, TrackingConfig
+from nope_lightning.eval.perplexity import Stream, WindowDataset, WindowEvaluator, sliding_windows, tiled_windows
+from nope_lightning.model import GPT
+from nope_lightning.model.probes import attention_probs
+from nope_lightning.run import run_stage, stage_config
+from nope_lightning.tracking import download
+
+VOCAB, L, S = 61, 12, 4
+
+
+@pytest.fixture(scope="module")
+def model() -> GPT:
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layer=2, n_head=2, n_embd=16, intermediate_size=32, pos_encoding="alibi", max_positions=64)
+    return GPT(cfg, VOCAB, train_len=8).eval()
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, VOCAB, n) for n in (30, 9, 41, 13)]  # the 9-token doc is too short for L + 1
+
+
+def evaluate_windows(model, docs, streams, windows, batch_size: int, world: int = 1) -> dict:
+    """Run the evaluator over ``world`` simulated ranks and merge their metric states."""
+    merged = None
+    for rank in range(world):
+        evaluator = WindowEvaluator(model, streams, entropy_chunk=5)
+        loaders = [DataLoader(WindowDataset(docs, w, s.length, rank, world), batch_size=batch_size)
+                   for s, w in zip(streams, windows, strict=True)]
+        Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False).test(
+            evaluator, dataloaders=loaders, verbose=False)
+        if merged is None:
+            merged = evaluator
+        else:
+            for a, b in zip(merged.metrics, evaluator.metrics, strict=True):
+                a.merge_state(b)
+    return {(s.kind, s.length): m for s, m in zip(streams, merged.metrics, strict=True)}
+
+
+def brute_force_nll(model, docs, length, stride) -> tuple[float, int]:
+    """Each target t of each doc predicted from the window that scores it, by a separate forward of
+    exactly that context (causality makes it equal to the window's row t)."""
+    total, count = 0.0, 0
+    for doc in docs:
+        n = len(doc)
+        for t in range(1, n):
+            k = 0 if t <= length else math.ceil((t - length) / stride)
+            start = k * stride
+            if start + length + 1 > n:
+                continue  # beyond the last full window: not scored
+            context = torch.as_tensor(doc[start:t], dtype=torch.long)[None]
+            with torch.no_grad():
+                logits = model(context)[0, -1].double()
+            total -= torch.log_softmax(logits, -1)[doc[t]].item()
+            count += 1
+    return total, count
+
+
+def test_sliding_window_windows_score_every_target_once():
+    windows = sliding_windows([30, 9], L, S, budget=10**6)
+    assert [(w.doc, w.start, w.score_from) for w in windows] == [
+        (0, 0, 0), (0, 4, 8), (0, 8, 8), (0, 12, 8), (0, 16, 8)]
+    scored = [w.start + i + 1 for w in windows for i in range(w.score_from, L)]
+    assert scored == list(range(1, 29))  # targets 1..28 once each; 29 would need a window past the end
+    assert len(sliding_windows([30, 9], L, S, budget=13)) == 2  # stops once 12 + 4 >= 13 targets are scored
+
+
+def test_sliding_window_ppl_equals_brute_force_whatever_batch_or_world(model, docs):
+    streams = [Stream("ppl", "c", L)]
+    windows = [sliding_windows([len(d) for d in docs], L, S, budget=10**6)]
+    total, count = brute_force_nll(model, docs, L, S)
+    for batch_size, world in ((1, 1), (3, 1), (2, 2)):
+        metric = evaluate_windows(model, docs, streams, windows, batch_size, world)["ppl", L]
+        # The merged sum states (what a multi-process sync adds up), not the rank-0 value compute() cached.
+        assert int(metric.count) == count
+        assert float(metric.nll_sum) / count == pytest.approx(total / count, rel=1e-6)
+        if world == 1:
+            assert float(metric.perplexity()) == pytest.approx(math.exp(total / count), rel=1e-6)
+
+
+def test_probe_entropy_equals_entropy_of_the_full_attention_matrix(model, docs):
+    windows = [tiled_windows([len(d) for d in docs], L, 3)]
+    metric = evaluate_windows(model, docs, [Stream("entropy", "c", L)], windows, batch_size=2)["entropy", L]
+    inputs = torch.stack([torch.as_tensor(docs[w.doc][w.start:w.start + L]) for w in windows[0]])
+    for layer in range(2):
+        probs = attention_probs(model, inputs, layer).double()
+        want = -(probs * probs.clamp_min(1e-300).log()).sum(-1).mean(0)  # (H, T), nats
+        assert torch.allclose(metric.compute()[layer].double(), want, atol=1e-5)
+    assert torch.allclose(metric.compute()[:, :, 0], torch.zeros(2, 2, dtype=metric.compute().dtype))
+
+
+@pytest.fixture(scope="module")
+def evaluated(tiny_pretrained, tmp_path_factory) -> dict:
+    overrides = [f"checkpoint={tiny_pretrained['model']}", *tiny_pretrained["tracking"], "trainer.progress_bar=false",
+                 "ppl_tokens=512", "passkey_keys=1", "passkey_depths=2", "passkey_lengths=[256]",
+                 "longctx_samples=1", "longctx_tasks=[multikey_retrieval]", "eval_lengths=[64,128]"]
+    plain = run_stage("evaluate", stage_config("evaluate", None, overrides))
+    scaled = run_stage("evaluate", stage_config("evaluate", None, [*overrides, "extension.temperature=1.5"]))
+    return {"plain": plain, "scaled": scaled, "overrides": overrides}
+
+
+def test_evaluate_logs_every_metric_and_plot(evaluated, tiny_pretrained):
+    from mlflow.tracking import MlflowClient
+
+    plain = evaluated["plain"]
+    for key in ("val/len64/ppl", "val/tiny/len128/ppl", "val/len128/entropy", "passkey/len256/acc",
+                "passkey/len256/depth50/acc", "longctx/multikey_retrieval/len256/score"):
+        assert key in plain, key
+    assert 1 < plain["val/len64/ppl"] < 512
+    assert 0 <= plain["val/len64/entropy"] <= math.log(64)
+    uri = tiny_pretrained["tracking"][0].split("=", 1)[1]
+    client = MlflowClient(uri)
+    run = client.get_run(plain["run_id"])
+    assert run.data.tags["stage"] == "evaluate" and run.data.metrics["val/len64/ppl"] == plain["val/len64/ppl"]
+    files = {a.path for a in client.list_artifacts(plain["run_id"], "plots")}
+    assert files == {"plots/position_curves.png", "plots/entropy_heads.png", "plots/passkey.png"}
+    results = json.loads(download(TrackingConfig(uri=uri), plain["run_id"], "results.json").read_text())
+    assert results["stride"] == 8 and results["lengths"] == [64, 128]  # train_len 64 / 8
+    assert len(results["entropy"]["per_head"]) == 2  # n_layer
+
+
+def test_a_uniform_temperature_changes_the_numbers(evaluated):
+    assert evaluated["scaled"]["val/len64/ppl"] != pytest.approx(evaluated["plain"]["val/len64/ppl"])
+    assert evaluated["scaled"]["val/len128/entropy"] < evaluated["plain"]["val/len128/entropy"]  # sharper
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["eval_lengths=[4096]"], "exceed this model's max_positions"),
+    (["checkpoint=/nonexistent"], "no such export folder"),
+    (["passkey_lengths=[32]"], "too short for a passkey prompt"),
+])
+def test_evaluate_bad_input(evaluated, extra, message, capsys):
+    assert cli.main(["run", "evaluate", *evaluated["overrides"], *extra]) == 2
+    assert message in capsys.readouterr().err
