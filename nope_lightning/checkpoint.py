@@ -51,6 +51,15 @@ class LoadedModel:
     def tokenizer_file(self) -> Path:
         return self.folder / TOKENIZER
 
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the weights file: identifies the trained model (results for another one are refused)."""
+        digest = hashlib.sha256()
+        with open(self.folder / WEIGHTS, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+        return digest.hexdigest()
+
 
 def resolve_reference(ref: str, tracking: TrackingConfig) -> Path:
     """A local export folder for ``ref`` (folder path, ``runs:/<id>/<path>`` or ``mlflow:<id>``)."""

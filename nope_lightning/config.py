@@ -396,3 +396,151 @@ class EvaluateConfig:
                 check_range(key, length, 2)
         for task in self.longctx_tasks:
             check_choice("longctx_tasks", task, LONGCTX_TASKS)
+
+
+def _check_target(key: str, value: int) -> None:
+    check_range(key, value, 2)
+
+
+@dataclass
+class ScaleSearchConfig:
+    """``nope-lightning run scale-search checkpoint=… target_lengths=[…]``: an Optuna study over a uniform
+    temperature lambda (units of 1/sqrt(d)); each trial is an ``evaluate`` run at lambda (nested in MLflow).
+
+    The grid is ``grid`` if given, else ``grid_min..grid_max`` in steps of ``grid_step`` (the paper's
+    1.0-2.5 by 0.05). ``storage`` empty means ``sqlite:///mlruns/optuna.db``; ``study_name`` empty derives
+    one from the checkpoint and settings, so a killed search resumes where it stopped.
+    """
+
+    checkpoint: str = ""
+    target_lengths: list[int] = field(default_factory=list)
+    grid: list[float] = field(default_factory=list)
+    grid_min: float = 1.0
+    grid_max: float = 2.5
+    grid_step: float = 0.05
+    sampler: str = "grid"
+    num_trials: int = 0
+    storage: str = ""
+    study_name: str = ""
+    stride: int = 0
+    ppl_tokens: int = 16384
+    batch_size: int = 4
+    position_buckets: int = 32
+    seed: int = 1234
+    name: str = ""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(progress_bar=False))
+
+    def __post_init__(self) -> None:
+        if not self.checkpoint:
+            raise ValueError("checkpoint= is required: an export folder (…/model) or runs:/<run_id>/model")
+        if not self.target_lengths:
+            raise ValueError("target_lengths= is required, e.g. target_lengths=[512,1024]")
+        for length in self.target_lengths:
+            _check_target("target_lengths", length)
+        check_choice("sampler", self.sampler, ("grid", "tpe"))
+        for value in (*self.grid, self.grid_min, self.grid_max, self.grid_step):
+            if value <= 0:
+                raise ValueError(f"the lambda grid must be positive (got {value}); lambda is a softmax "
+                                 f"temperature in units of 1/sqrt(d)")
+        if self.grid_max < self.grid_min:
+            raise ValueError(f"grid_max={self.grid_max} < grid_min={self.grid_min}")
+        for key in ("num_trials", "stride"):
+            check_range(key, getattr(self, key), 0)
+        for key in ("ppl_tokens", "batch_size", "position_buckets"):
+            check_range(key, getattr(self, key), 1)
+
+    @property
+    def lambdas(self) -> list[float]:
+        """The grid of lambdas, rounded to 6 decimals so grid points compare exactly."""
+        if self.grid:
+            return sorted({round(v, 6) for v in self.grid})
+        count = int(round((self.grid_max - self.grid_min) / self.grid_step)) + 1
+        return [round(self.grid_min + i * self.grid_step, 6) for i in range(count)]
+
+
+@dataclass
+class HeadScaleConfig:
+    """``nope-lightning run headscale checkpoint=… target_len=…``: per-head temperatures only, model frozen.
+
+    ``init``: ``search`` (the best uniform lambda at ``target_len`` from ``scale_search`` — a scale-search
+    MLflow run id, ``runs:/<id>`` or its ``scale_search.json``), ``default`` (1.0, the ablation) or a number.
+    ``constraint``: the focus constraint lambda >= 1 (i.e. >= 1/sqrt(d)); false is the ablation.
+    Defaults follow the paper: AdamW (0.9, 0.95), no weight decay, lr 0.1, 20 warm-up steps, cosine to
+    0.1 lr, 200 steps, batch 8, a data seed different from pre-training.
+    """
+
+    checkpoint: str = ""
+    target_len: int = 0
+    init: str = "search"
+    scale_search: str = ""
+    constraint: bool = True
+    steps: int = 200
+    batch_size: int = 8
+    seed: int = 4321
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=0.1, warmup_steps=20, min_lr_ratio=0.1,
+                                                                   weight_decay=0.0, grad_clip=1.0))
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(val_every_n_steps=0, val_batches=4,
+                                                                         checkpoint_every_n_steps=0))
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    entropy_windows: int = 2
+    name: str = ""
+    out_dir: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.checkpoint:
+            raise ValueError("checkpoint= is required: an export folder (…/model) or runs:/<run_id>/model")
+        _check_target("target_len", self.target_len)
+        if self.init not in ("search", "default"):
+            try:
+                value = float(self.init)
+            except ValueError:
+                raise ValueError(f"init={self.init!r}: use search, default or a number (lambda in units of "
+                                 f"1/sqrt(d))") from None
+            check_range("init", value, 0.0, low_open=True)
+        if self.init == "search" and not self.scale_search:
+            raise ValueError("init=search needs scale_search=<scale-search run id or scale_search.json>; "
+                             "or use init=default / init=<lambda>")
+        for key in ("steps", "batch_size"):
+            check_range(key, getattr(self, key), 1)
+        check_range("entropy_windows", self.entropy_windows, 0)
+
+
+@dataclass
+class FinetuneConfig:
+    """``nope-lightning run finetune checkpoint=<RoPE model> rope_scaling.method=pi|yarn target_len=…``:
+    full fine-tuning at ``target_len`` with the paper's settings (lr 1e-4, 200 steps).
+
+    ``budget``: ``fair`` trains on HeadScale's token budget (``steps`` x ``batch_size`` x ``target_len``),
+    ``raw`` on ``raw_multiplier`` times that. ``rope_scaling.factor=1`` (the default) means
+    target_len / train_len.
+    """
+
+    checkpoint: str = ""
+    target_len: int = 0
+    rope_scaling: RopeScalingConfig = field(default_factory=lambda: RopeScalingConfig(method="pi"))
+    budget: str = "fair"
+    raw_multiplier: int = 5
+    steps: int = 200
+    batch_size: int = 8
+    seed: int = 4321
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4, warmup_steps=20, min_lr_ratio=0.1,
+                                                                   weight_decay=0.0, grad_clip=1.0))
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(val_every_n_steps=0, val_batches=4,
+                                                                         checkpoint_every_n_steps=0))
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    name: str = ""
+    out_dir: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.checkpoint:
+            raise ValueError("checkpoint= is required: the export folder of a RoPE model")
+        _check_target("target_len", self.target_len)
+        check_choice("rope_scaling.method", self.rope_scaling.method, ("pi", "yarn"))
+        check_choice("budget", self.budget, ("fair", "raw"))
+        for key in ("raw_multiplier", "steps", "batch_size"):
+            check_range(key, getattr(self, key), 1)
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps * (self.raw_multiplier if self.budget == "raw" else 1)
