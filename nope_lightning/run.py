@@ -43,6 +43,8 @@ STAGES: dict[str, Stage] = {
                       "causal LM from scratch with a chosen position encoding"),
     "evaluate": Stage("nope_lightning.config:EvaluateConfig", "nope_lightning.stages.evaluate:run",
                       "PPL, per-position curves, attention entropy, passkey, long-context tasks"),
+    "scale-search": Stage("nope_lightning.config:ScaleSearchConfig", "nope_lightning.stages.scale_search:run",
+                          "Optuna grid over a uniform temperature per target length; lambda = 1 + a ln s fit"),
 }
 
 

@@ -78,9 +78,9 @@ def log_json(cfg: TrackingConfig, run_id: str, obj: Any, artifact_file: str) -> 
 
 
 def log_metrics(cfg: TrackingConfig, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
-    from mlflow.entities import Metric
-
     import time
+
+    from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
     batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]

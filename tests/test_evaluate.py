@@ -14,7 +14,13 @@ from torch.utils.data import DataLoader
 
 from nope_lightning import cli
 from nope_lightning.config import ModelConfig, TrackingConfig
-from nope_lightning.eval.perplexity import Stream, WindowDataset, WindowEvaluator, sliding_windows, tiled_windows
+from nope_lightning.eval.perplexity import (
+    Stream,
+    WindowDataset,
+    WindowEvaluator,
+    sliding_windows,
+    tiled_windows,
+)
 from nope_lightning.model import GPT
 from nope_lightning.model.probes import attention_probs
 from nope_lightning.run import run_stage, stage_config

@@ -9,7 +9,12 @@ import torch
 
 from nope_lightning.config import ModelConfig, PretrainConfig, RopeScalingConfig, load_config
 from nope_lightning.model import GPT, count_parameters, head_scales, set_head_scales
-from nope_lightning.model.attention import alibi_slopes, load_temperature_table, save_temperature_table, t5_buckets
+from nope_lightning.model.attention import (
+    alibi_slopes,
+    load_temperature_table,
+    save_temperature_table,
+    t5_buckets,
+)
 from nope_lightning.model.probes import attention_probs
 from nope_lightning.model.rope_scaling import base_inv_freq, scaled_inv_freq
 from tests.conftest import REPO

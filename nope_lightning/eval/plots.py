@@ -87,3 +87,28 @@ def passkey_heatmap(accuracy: Mapping[tuple[int, float], float], title: str = ""
             ax.text(col, row, f"{value:.1f}", ha="center", va="center", fontsize=7)
     ax.set_title(title)
     return fig
+
+
+def lambda_fit(summary: Mapping):
+    """Fig 7 style: best uniform lambda per position (s = i / L) with the fit lambda = 1 + a ln s, and the
+    best lambda per target length. ``summary`` is a scale-search result (``scale_search.json``)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    points = summary["per_position_best"]
+    if points:
+        s = np.array([p["s"] for p in points])
+        ax.scatter(s, [p["lambda"] for p in points], s=14, label="best lambda per position bucket")
+        a, r2 = summary["fit"]["a"], summary["fit"]["r2"]
+        if not math.isnan(a):
+            grid = np.linspace(1, s.max(), 100)
+            ax.plot(grid, 1 + a * np.log(grid), color="C1", label=f"1 + {a:.3f} ln s  (R^2 = {r2:.2f})")
+    train_len = summary["train_len"]
+    for length, lam in summary["best"].items():
+        ax.scatter([int(length) / train_len], [lam], marker="*", s=90, color="C3")
+    ax.scatter([], [], marker="*", color="C3", label="best lambda per target length")
+    ax.set_xlabel("s = position / train length")
+    ax.set_ylabel("lambda (units of 1/sqrt(d))")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("uniform temperature search")
+    fig.tight_layout()
+    return fig

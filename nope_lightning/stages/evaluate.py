@@ -243,8 +243,9 @@ def long_context(model, tokenizer, tasks: dict, cfg: EvaluateConfig, results: di
     metrics, results["longctx"], results["longctx_skipped"] = {}, {}, tasks["skipped"]
     for (task, length), samples in tqdm(tasks["samples"].items(), desc="long-context tasks", leave=False):
         new = max(s.max_new_tokens for s in samples)
-        generated = greedy_generate(model, [s.prompt_ids for s in samples], new, cfg.batch_size,
-                                    tokenizer.vocab_size)
+        # BOS first, as every training document starts (NoPE models lean on it to count positions).
+        generated = greedy_generate(model, [[tokenizer.bos_id, *s.prompt_ids] for s in samples], new,
+                                    cfg.batch_size, tokenizer.vocab_size)
         score = float(np.mean([s.score(tokenizer.decode(g)) for s, g in zip(samples, generated, strict=True)]))
         metrics[f"longctx/{task}/len{length}/score"] = score
         results["longctx"].setdefault(task, {})[length] = score

@@ -75,4 +75,4 @@ class CausalLM(LightningModule):
     def on_validation_epoch_end(self) -> None:
         for key, value in list(self.trainer.callback_metrics.items()):
             if key.startswith("val/") and key.endswith("/loss"):
-                self.log(key.removesuffix("loss") + "ppl", torch.exp(value))
+                self.log(key.removesuffix("loss") + "ppl", torch.exp(value), sync_dist=True)

@@ -1,0 +1,179 @@
+"""Passkey retrieval (Landmark Attention's task, as used by YaRN and the paper §4.3), at exact token lengths.
+
+The prompt text is the reference one::
+
+    {TASK_LINE}\\n{prefix}\\n{info line}\\n{suffix}\\n{QUESTION}
+
+where the info line is ``"The pass key is {key}. Remember it. {key} is the pass key."`` and prefix and suffix
+are the filler ``"The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."``
+repeated with single spaces; both start at "The grass is green." as in the reference. Keys are random 5-digit
+numbers; a model passes when the first integer it generates is the key.
+
+How lengths and depths are made exact (the reference grows a character count until the prompt is about the
+right size): the prompt is the concatenation of separately encoded segments, so its token count is the sum
+of the segments' counts. The haystack budget N is the requested length minus the fixed segments (task line,
+info line, question, newlines). The prefix is a whole number of filler sentences, ending at the sentence
+boundary nearest to ``depth * N`` tokens that leaves the prefix <= N; the suffix is the filler's first
+``N - len(prefix)`` tokens, so only its last sentence may be cut mid-way, right before the question. Depth
+is therefore measured in haystack tokens, off by at most half a filler sentence (a whole one when
+``depth * N`` falls inside the haystack's last, cut sentence). For tokenizers that split words at spaces and
+newlines (byte-level BPE, whitespace) segment-wise encoding equals encoding the whole text, except inside
+the cut last sentence.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import cycle
+from typing import Protocol
+
+TASK_LINE = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+             "I will quiz you about the important information there.")
+FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+INFO_LINE = "The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = "What is the pass key? The pass key is"
+# The start of each tenth of the haystack; depth 1.0 (key right before the question) is the easiest case.
+DEFAULT_DEPTHS = tuple(i / 10 for i in range(10))
+MAX_NEW_TOKENS = 10  # the reference's generation budget; a 5-digit key needs a few tokens at most
+
+FILLER_SENTENCES = tuple(re.findall(r" [^.]+\.", FILLER))
+assert "".join(FILLER_SENTENCES) == FILLER
+
+
+class TextTokenizer(Protocol):
+    """What the evaluation prompts need: plain ids in and out, no special tokens added by ``encode``."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class PasskeySample:
+    """One passkey prompt: ``input_ids`` has exactly ``length`` tokens; the key's tokens (which decode to
+    ``" " + key``) start at ``input_ids[key_token_start]``; ``depth`` is the requested fraction of the
+    haystack before the info line."""
+
+    input_ids: list[int]
+    key: str
+    depth: float
+    length: int
+    key_token_start: int
+
+
+class PasskeyPromptBuilder:
+    """Encodes the fixed prompt pieces once for a tokenizer and builds prompts of exact token lengths."""
+
+    def __init__(self, tokenizer: TextTokenizer, prefix_ids: Sequence[int] = ()) -> None:
+        """``prefix_ids`` (e.g. a BOS/EOT id) are put first and count towards the length."""
+        self.tokenizer = tokenizer
+        newline = tokenizer.encode("\n")
+        self.head = [*prefix_ids, *tokenizer.encode(TASK_LINE), *newline]
+        self.newline = newline
+        self.tail = [*newline, *tokenizer.encode(QUESTION)]
+        info_before, info_after = INFO_LINE.split(" {key}", 1)
+        self.info_before = [*newline, *tokenizer.encode(info_before)]
+        self.info_after_template = info_after
+        # The filler as the reference writes it: the first sentence has no leading space.
+        first, *rest = FILLER_SENTENCES
+        self.first_sentence = tokenizer.encode(first.lstrip())
+        self.sentences = [tokenizer.encode(s) for s in (*rest, first)]
+
+    def filler(self) -> Iterator[list[int]]:
+        """Token ids of the filler sentences in reading order, endlessly."""
+        yield self.first_sentence
+        yield from cycle(self.sentences)
+
+    def build(self, key: str, depth: float, length: int) -> PasskeySample:
+        """Prompt of exactly ``length`` tokens with the info line at ``depth`` (0..1) of the haystack."""
+        if not 0.0 <= depth <= 1.0:
+            raise ValueError(f"depth={depth} must be in [0, 1]")
+        key_ids = self.tokenizer.encode(f" {key}")
+        info_after = [*self.tokenizer.encode(self.info_after_template.format(key=key)), *self.newline]
+        fixed = len(self.head) + len(self.info_before) + len(key_ids) + len(info_after) + len(self.tail)
+        budget = length - fixed
+        if budget < 0:
+            raise ValueError(f"length={length} is too short for a passkey prompt: this tokenizer needs at least "
+                             f"{fixed} tokens without any filler")
+        prefix = self._prefix(round(depth * budget), budget)
+        suffix = self._take(budget - len(prefix))
+        key_token_start = len(self.head) + len(prefix) + len(self.info_before)
+        input_ids = [*self.head, *prefix, *self.info_before, *key_ids, *info_after, *suffix, *self.tail]
+        assert len(input_ids) == length
+        return PasskeySample(input_ids, key, depth, length, key_token_start)
+
+    def _prefix(self, target: int, budget: int) -> list[int]:
+        """Whole filler sentences whose token count is the sentence boundary nearest ``target`` (<= budget)."""
+        prefix: list[int] = []
+        for sentence in self.filler():
+            longer = len(prefix) + len(sentence)
+            if longer > budget or abs(longer - target) >= abs(len(prefix) - target):
+                return prefix
+            prefix += sentence
+
+    def _take(self, n: int) -> list[int]:
+        """The first ``n`` filler tokens (the last sentence may be cut)."""
+        ids: list[int] = []
+        for sentence in self.filler():
+            if len(ids) >= n:
+                return ids[:n]
+            ids += sentence
+
+
+def make_passkey_samples(tokenizer: TextTokenizer, lengths: Iterable[int],
+                         depths: Sequence[float] = DEFAULT_DEPTHS, keys_per_cell: int = 10, seed: int = 0,
+                         prefix_ids: Sequence[int] = ()) -> list[PasskeySample]:
+    """The grid lengths x depths x ``keys_per_cell`` random keys (10000-99999), deterministic in ``seed``.
+
+    The paper uses 10 depths x 10 keys per length. Samples are ordered by length, then depth, then key.
+    """
+    if keys_per_cell < 1:
+        raise ValueError(f"keys_per_cell={keys_per_cell} must be >= 1")
+    builder = PasskeyPromptBuilder(tokenizer, prefix_ids)
+    rng = random.Random(seed)
+    return [builder.build(str(rng.randint(10000, 99999)), depth, length)
+            for length in lengths for depth in depths for _ in range(keys_per_cell)]
+
+
+def score_passkey(generated_text: str, key: str) -> bool:
+    """True when the first integer in the generated continuation equals the key (the reference's check)."""
+    match = re.search(r"\d+", generated_text)
+    return match is not None and int(match.group()) == int(key)
+
+
+@dataclass(frozen=True)
+class PasskeyAccuracy:
+    """Fraction of correct answers per (length, depth) cell, per length, and overall."""
+
+    by_cell: dict[tuple[int, float], float]
+    by_length: dict[int, float]
+    overall: float
+
+    def metrics(self, prefix: str = "passkey") -> dict[str, float]:
+        """Flat metric names: ``{prefix}/len{L}/acc`` and ``{prefix}/len{L}/depth{percent}/acc``."""
+        out = {f"{prefix}/len{length}/acc": acc for length, acc in self.by_length.items()}
+        out.update({f"{prefix}/len{length}/depth{round(depth * 100)}/acc": acc
+                    for (length, depth), acc in self.by_cell.items()})
+        return out
+
+
+def passkey_accuracy(samples: Sequence[PasskeySample], correct: Sequence[bool]) -> PasskeyAccuracy:
+    """Aggregate per-sample results (``correct[i]`` for ``samples[i]``); lengths and cells keep sample order."""
+    if len(samples) != len(correct) or not samples:
+        raise ValueError(f"need one result per sample and at least one sample: got {len(samples)} samples "
+                         f"and {len(correct)} results")
+    cells: dict[tuple[int, float], list[bool]] = defaultdict(list)
+    lengths: dict[int, list[bool]] = defaultdict(list)
+    for sample, ok in zip(samples, correct, strict=True):
+        cells[sample.length, sample.depth].append(bool(ok))
+        lengths[sample.length].append(bool(ok))
+    return PasskeyAccuracy({cell: _mean(v) for cell, v in cells.items()},
+                           {length: _mean(v) for length, v in lengths.items()}, _mean(list(map(bool, correct))))
+
+
+def _mean(values: Sequence[bool]) -> float:
+    return sum(values) / len(values)

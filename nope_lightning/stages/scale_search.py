@@ -1,0 +1,160 @@
+"""``scale-search``: which uniform temperature lambda (units of 1/sqrt(d)) a model reads best at each target
+length (paper 001 §3.1, Fig 2 and Fig 7).
+
+An Optuna study (GridSampler over the lambda grid by default) whose trial at lambda is exactly
+``nope-lightning run evaluate checkpoint=… extension.temperature=lambda eval_lengths=[targets] …`` — run
+through ``run_stage`` as a nested MLflow run, its command line stored on the trial so it can be replayed.
+The objective is the mean held-out log-PPL over the target lengths; each length's log-PPL is a trial
+attribute, so the best lambda per length comes from the same trials. Per-position log-PPL at the
+longest target gives the best lambda per position bucket and the fit ``lambda = 1 + a ln(i / L)``.
+
+Output (parent MLflow run): ``scale_search.json`` (the input of HeadScale's ``init=search``), the Fig 7
+plot, and metrics ``scale_search/len{L}/best_lambda``, ``…/best_logppl``, ``scale_search/fit_a``,
+``scale_search/fit_r2``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from nope_lightning import tracking
+from nope_lightning.checkpoint import load_model
+from nope_lightning.config import EvaluateConfig, ExtensionConfig, ScaleSearchConfig, to_dict
+from nope_lightning.search import fit_log_scale, open_study, study_name
+
+
+def trial_config(cfg: ScaleSearchConfig, lam: float, parent_run_id: str, number: int) -> EvaluateConfig:
+    """The ``evaluate`` config of the trial at ``lam``: perplexity and per-position curves only."""
+    return EvaluateConfig(
+        checkpoint=cfg.checkpoint, extension=ExtensionConfig(temperature=lam),
+        tracking=dataclasses.replace(cfg.tracking, parent_run_id=parent_run_id, run_name=""),
+        trainer=cfg.trainer, eval_lengths=list(cfg.target_lengths), stride=cfg.stride, ppl_tokens=cfg.ppl_tokens,
+        batch_size=cfg.batch_size, position_windows=8, position_buckets=cfg.position_buckets, entropy_windows=0,
+        passkey_keys=0, longctx_samples=0, seed=cfg.seed, plots=False, name=f"scale-search-trial{number}-lam{lam:g}")
+
+
+def replay_command(cfg: EvaluateConfig) -> str:
+    """The shell command that reruns a trial (the overrides that differ from evaluate's defaults)."""
+    from nope_lightning.config import flatten
+
+    defaults = flatten(to_dict(EvaluateConfig(checkpoint=cfg.checkpoint)))
+    changed = {k: v for k, v in flatten(to_dict(cfg)).items()
+               if defaults.get(k) != v and not k.startswith("tracking.parent") and k != "name"}
+    args = " ".join(f"{k}={str(v).replace(' ', '')}" for k, v in changed.items())
+    return f"nope-lightning run evaluate checkpoint={cfg.checkpoint} {args}".strip()
+
+
+def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
+    import optuna
+
+    from nope_lightning.run import run_stage
+
+    loaded = load_model(cfg.checkpoint, cfg.tracking)
+    train_len, fingerprint = loaded.config.train_len, loaded.fingerprint
+    bad = [n for n in cfg.target_lengths if n <= train_len]
+    if bad:
+        raise ValueError(f"target_lengths {bad} must exceed the model's train_len={train_len}")
+    if max(cfg.target_lengths) > loaded.model.cfg.max_positions:
+        raise ValueError(f"target length {max(cfg.target_lengths)} exceeds model.max_positions="
+                         f"{loaded.model.cfg.max_positions}")
+    lambdas = cfg.lambdas
+    settings = {"model": fingerprint, "targets": sorted(cfg.target_lengths), "grid": lambdas, "sampler": cfg.sampler,
+                "stride": cfg.stride, "ppl_tokens": cfg.ppl_tokens, "buckets": cfg.position_buckets}
+    name = cfg.study_name or study_name(f"scale-search-{fingerprint[:8]}", settings)
+    sampler = (optuna.samplers.GridSampler({"lambda": lambdas}, seed=cfg.seed) if cfg.sampler == "grid"
+               else optuna.samplers.TPESampler(seed=cfg.seed))
+    study = open_study(name, cfg.storage, sampler)
+    parent = study.user_attrs.get("mlflow_run_id")
+    if parent is None:  # first start of this study: its MLflow parent run, reused on resume
+        parent = tracking.create_run(cfg.tracking, "scale-search", cfg.name or name, cfg)
+        study.set_user_attr("mlflow_run_id", parent)
+
+    def objective(trial: optuna.Trial) -> float:
+        lam = round(trial.suggest_float("lambda", min(lambdas), max(lambdas),
+                                        step=None if cfg.sampler == "grid" else cfg.grid_step), 6)
+        eval_cfg = trial_config(cfg, lam, parent, trial.number)
+        trial.set_user_attr("command", replay_command(eval_cfg))
+        result = run_stage("evaluate", eval_cfg)
+        trial.set_user_attr("evaluate_run_id", result["run_id"])
+        logppl = {n: result[f"val/len{n}/loss"] for n in cfg.target_lengths}
+        trial.set_user_attr("logppl", {str(n): v for n, v in logppl.items()})
+        results = tracking.download(cfg.tracking, result["run_id"], "results.json").read_text()
+        trial.set_user_attr("position", _position_curve(results, loaded.config.data.corpus, cfg))
+        return sum(logppl.values()) / len(logppl)
+
+    # num_trials caps the study's total (0: the whole grid), so a resumed search runs only what is left.
+    done = {round(t.params["lambda"], 6) for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
+    total = min(len(lambdas), cfg.num_trials or len(lambdas)) if cfg.sampler == "grid" else (cfg.num_trials
+                                                                                           or len(lambdas))
+    if total > len(done):
+        study.optimize(objective, n_trials=total - len(done), show_progress_bar=cfg.trainer.progress_bar)
+    return summarize(cfg, study, parent, train_len, fingerprint)
+
+
+def _position_curve(results_json: str, corpus: str, cfg: ScaleSearchConfig) -> dict[str, list]:
+    import json
+
+    results = json.loads(results_json)
+    position = results["position"]
+    curve = position["logppl"].get(corpus) or next(iter(position["logppl"].values()))
+    return {"edges": position["edges"], "logppl": curve}
+
+
+def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, fingerprint: str) -> dict[str, Any]:
+    """Best lambda per target and per position bucket, the log fit, the JSON artifact and the Fig 7 plot."""
+    import math
+
+    import optuna
+
+    trials = {}
+    for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
+        trials[round(t.params["lambda"], 6)] = t  # duplicates (concurrent workers) keep the last
+    if not trials:
+        raise ValueError(f"study {study.study_name} has no completed trial yet")
+    ordered = [trials[lam] for lam in sorted(trials)]
+    best = {str(n): min(ordered, key=lambda t: t.user_attrs["logppl"][str(n)]).params["lambda"]
+            for n in cfg.target_lengths}
+    edges = ordered[0].user_attrs["position"]["edges"]
+    centers = [(a + b - 1) / 2 for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    per_bucket = []
+    for b, center in enumerate(centers):
+        values = [(t.user_attrs["position"]["logppl"][b], t.params["lambda"]) for t in ordered]
+        values = [(v, lam) for v, lam in values if v is not None and not math.isnan(v)]
+        if values and center > train_len:
+            per_bucket.append({"position": center, "s": center / train_len, "lambda": min(values)[1]})
+    fit = {"a": float("nan"), "r2": float("nan")}
+    if len(per_bucket) >= 2:
+        a, r2 = fit_log_scale([p["s"] for p in per_bucket], [p["lambda"] for p in per_bucket])
+        fit = {"a": a, "r2": r2}
+    summary = {
+        "study": study.study_name, "model_fingerprint": fingerprint, "train_len": train_len,
+        "checkpoint": cfg.checkpoint, "units": "1/sqrt(head_size)", "best": best,
+        "best_logppl": {str(n): min(t.user_attrs["logppl"][str(n)] for t in ordered) for n in cfg.target_lengths},
+        "per_position_best": per_bucket, "fit": fit,
+        "trials": [{"lambda": t.params["lambda"], "logppl": t.user_attrs["logppl"],
+                    "evaluate_run_id": t.user_attrs.get("evaluate_run_id"), "command": t.user_attrs.get("command")}
+                   for t in ordered],
+    }
+    metrics = {f"scale_search/len{n}/best_lambda": best[str(n)] for n in cfg.target_lengths}
+    metrics.update({f"scale_search/len{n}/best_logppl": summary["best_logppl"][str(n)] for n in cfg.target_lengths})
+    metrics.update({"scale_search/fit_a": fit["a"], "scale_search/fit_r2": fit["r2"]})
+    tracking.log_metrics(cfg.tracking, parent, {k: v for k, v in metrics.items() if not math.isnan(v)})
+    tracking.log_json(cfg.tracking, parent, summary, "scale_search.json")
+    from nope_lightning.eval import plots
+
+    tracking.log_figure(cfg.tracking, parent, plots.lambda_fit(summary), "plots/lambda_fit.png")
+    tracking.end_run(cfg.tracking, parent)
+    return {"run_id": parent, "study": study.study_name, "trials": len(ordered), **metrics}
+
+
+def load_result(ref: str, tracking_cfg) -> dict:
+    """A scale-search result from a run id, ``runs:/<id>`` or a local ``scale_search.json``."""
+    import json
+    from pathlib import Path
+
+    path = Path(ref)
+    if not path.is_file():
+        run_id = ref.removeprefix("runs:/").split("/")[0]
+        path = tracking.download(tracking_cfg, run_id, "scale_search.json")
+    return json.loads(path.read_text())

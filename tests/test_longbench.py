@@ -1,0 +1,309 @@
+"""LongBench metrics on hand-computed examples, the JSONL loader, and the synthetic long-context tasks."""
+
+import json
+import random
+import re
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from nope_lightning.eval.longbench import (
+    DATASET_TO_METRIC,
+    MAX_NEW_TOKENS,
+    classification_score,
+    code_sim_score,
+    count_score,
+    fuzz_ratio,
+    load_longbench,
+    normalize_answer,
+    qa_f1_score,
+    retrieval_score,
+    rouge_score,
+    scorer,
+    truncate_middle,
+)
+from nope_lightning.eval.longctx import (
+    multikey_retrieval,
+    passage_count,
+    passage_retrieval,
+    split_paragraphs,
+    string_match_all,
+    variable_tracking,
+)
+
+WORDS = ("the of and to in a is that it was for on are with as his they be at one have this from or had by "
+         "word but what some we can out other were all there when up use your how said an each she which do "
+         "their time if will way about many then them write would like so these her long make thing see him "
+         "two has look more day could go come did number sound no most people my over know water than call "
+         "first who may down side been now find any new work part take get place made live where after back "
+         "little only round man year came show every good me give our under name very through just form").split()
+
+
+# ---- LongBench metrics -----------------------------------------------------------------------------------
+
+def test_normalize_answer_and_qa_f1():
+    assert normalize_answer("  The Cat, sat on a MAT! ") == "cat sat on mat"
+    # "cat sat on mat" vs "cat on mat": 3 common tokens, P = 3/4, R = 1, F1 = 6/7.
+    assert qa_f1_score("The cat sat on the mat.", "a cat on mat") == pytest.approx(6 / 7)
+    # Multiset overlap: "paris paris" vs "paris": P = 1/2, R = 1.
+    assert qa_f1_score("Paris, Paris", "Paris") == pytest.approx(2 / 3)
+    assert qa_f1_score("nothing here", "Paris") == 0.0
+    assert qa_f1_score("", "Paris") == 0.0
+
+
+def test_rouge_l_single_sentence_counts_distinct_words():
+    # LCS "the cat on the mat" has 4 distinct words; both texts have 5 distinct words: P = R = F = 4/5.
+    # (The textbook token LCS F1 would be 5/6: the rouge package works on sets of words.)
+    assert rouge_score("the cat sat on the mat", "the cat is on the mat") == pytest.approx(0.8, abs=1e-7)
+    assert rouge_score("a b c", "a b c") == pytest.approx(1.0, abs=1e-7)
+    assert rouge_score("Cat", "cat") == 0.0  # case-sensitive, no normalisation
+
+
+def test_rouge_l_summary_level_union_lcs():
+    # Sentences split at ".": ref [the dog ran], [cat sat]; prediction [the cat sat], [a dog ran].
+    # Union of LCS words over pairs: {the} + {dog, ran} + {cat, sat} = 5 words. Distinct words: ref 5, pred 6.
+    # R = 1, P = 5/6, F = 2PR / (P + R) = 10/11.
+    assert rouge_score("the cat sat. a dog ran", "the dog ran. cat sat") == pytest.approx(10 / 11, abs=1e-7)
+
+
+def test_rouge_l_empty_texts_score_zero():
+    assert rouge_score("", "a summary") == 0.0
+    assert rouge_score("...", "a summary") == 0.0
+    assert rouge_score("a summary", "") == 0.0
+
+
+def test_classification_score():
+    classes = ["Location", "Other location", "Entity", "Description"]
+    # "Location" is a proper substring of the gold "Other location", so it does not compete.
+    assert classification_score("Other location", "Other location", all_classes=classes) == 1.0
+    assert classification_score("Location or Entity", "Location", all_classes=classes) == 0.5
+    assert classification_score("Description", "Entity", all_classes=classes) == 0.0
+    assert classification_score("nothing", "Entity", all_classes=classes) == 0.0
+
+
+def test_count_and_retrieval_scores():
+    assert count_score("There are 5 paragraphs, 5 unique ones", "5") == 1.0
+    assert count_score("3 or 5", "5") == 0.5
+    assert count_score("15", "5") == 0.0
+    assert count_score("no idea", "5") == 0.0
+    assert retrieval_score("Paragraph 12", "Paragraph 12") == 1.0
+    assert retrieval_score(" 12.", "Paragraph 12") == 1.0
+    assert retrieval_score("Paragraph 1 or Paragraph 12", "Paragraph 12") == 0.5
+    with pytest.raises(ValueError, match="Paragraph k"):
+        retrieval_score("12", "twelve")
+
+
+def test_code_sim_score_uses_first_line_without_fences_or_comments():
+    # "x = foo(1)" vs "x = foo(2)": SequenceMatcher matches 9 of 10 characters on each side, ratio 0.9.
+    prediction = "\n```python\n# the next line\ny = a // b\nx = foo(1)\nz = 3"
+    assert code_sim_score(prediction, "x = foo(2)") == 0.9
+    assert code_sim_score("x = foo(2)", "x = foo(2)") == 1.0
+    assert code_sim_score("# only a comment", "x = 1") == 0.0
+    assert fuzz_ratio("", "") == 100 and fuzz_ratio("", "a") == 0
+    assert fuzz_ratio("abcd", "abce") == 75
+
+
+def test_scorer_max_over_answers_first_line_and_rounding():
+    # qa: max over gold answers; second prediction F1 = 2/3 against "Paris".
+    assert scorer("hotpotqa", ["Paris", "Paris, Paris"], [["London", "Paris"], ["Paris"]]) == pytest.approx(83.33)
+    # trec: only the first line of the prediction counts.
+    classes = ["Location", "Entity"]
+    assert scorer("trec", ["\nLocation\nEntity", "Entity"], [["Location"], ["Location"]], classes) == 50.0
+    assert scorer("passage_count", ["7", "the count is 7 or 8"], [["7"], ["7"]]) == 75.0
+    with pytest.raises(ValueError, match="unknown LongBench dataset"):
+        scorer("nope_task", ["a"], [["a"]])
+    with pytest.raises(ValueError, match="one answer list per prediction"):
+        scorer("hotpotqa", ["a", "b"], [["a"]])
+
+
+def test_english_task_maps_agree():
+    assert set(DATASET_TO_METRIC) == set(MAX_NEW_TOKENS)
+    assert len(DATASET_TO_METRIC) == 16
+    assert MAX_NEW_TOKENS["gov_report"] == 512 and MAX_NEW_TOKENS["hotpotqa"] == 32
+
+
+def test_truncate_middle():
+    ids = list(range(10))
+    assert truncate_middle(ids, 4) == [0, 1, 8, 9]
+    assert truncate_middle(ids, 5) == [0, 1, 7, 8, 9]
+    assert truncate_middle(ids, 10) == ids
+    assert truncate_middle(ids, 1) == [9]
+
+
+# ---- loader ----------------------------------------------------------------------------------------------
+
+def record(**overrides):
+    base = {"input": "Who?", "context": "Long text.", "answers": ["Me"], "length": 2, "all_classes": None,
+            "dataset": "hotpotqa", "language": "en", "_id": "abc"}
+    return {**base, **overrides}
+
+
+def write_jsonl(path, records):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+def test_load_longbench(tmp_path):
+    path = write_jsonl(tmp_path / "hotpotqa.jsonl", [record(), record(_id="def", answers=["A", "B"])])
+    samples = load_longbench(path)
+    assert [s.id for s in samples] == ["abc", "def"]
+    assert samples[1].answers == ["A", "B"] and samples[0].all_classes is None
+    assert samples[0].prompt("{context}\nQuestion: {input}\nAnswer:") == "Long text.\nQuestion: Who?\nAnswer:"
+
+
+def test_load_longbench_names_file_line_and_missing_field(tmp_path):
+    bad = record()
+    del bad["answers"]
+    path = write_jsonl(tmp_path / "qasper.jsonl", [record(), bad])
+    with pytest.raises(ValueError, match=r"qasper\.jsonl:2: missing field\(s\) answers"):
+        load_longbench(path)
+    path = write_jsonl(tmp_path / "broken.jsonl", [record(), "{not json"])
+    with pytest.raises(ValueError, match=r"broken\.jsonl:2: not valid JSON"):
+        load_longbench(path)
+    path = write_jsonl(tmp_path / "types.jsonl", [record(answers="Me")])
+    with pytest.raises(ValueError, match=r"types\.jsonl:1: field answers"):
+        load_longbench(path)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_longbench(tmp_path / "absent.jsonl")
+
+
+# ---- synthetic long-context tasks ------------------------------------------------------------------------
+
+class HFTokenizer:
+    """A byte-level BPE (``tokenizers``) behind the encode/decode protocol."""
+
+    def __init__(self, texts: list[str], vocab_size: int = 500) -> None:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        self.tok = tok
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids)
+
+
+class WhitespaceTokenizer:
+    """One id per whitespace-separated word."""
+
+    def __init__(self) -> None:
+        self.vocab: dict[str, int] = {}
+
+    def encode(self, text: str) -> list[int]:
+        return [self.vocab.setdefault(word, len(self.vocab)) for word in text.split()]
+
+    def decode(self, ids: list[int]) -> str:
+        words = {i: w for w, i in self.vocab.items()}
+        return " ".join(words[i] for i in ids)
+
+
+def paragraph(rng: random.Random) -> str:
+    return " ".join(" ".join(rng.choices(WORDS, k=rng.randint(6, 12))).capitalize() + "."
+                    for _ in range(rng.randint(4, 8)))
+
+
+@pytest.fixture(scope="module")
+def documents() -> list[str]:
+    rng = random.Random(0)
+    return ["\n\n".join(paragraph(rng) for _ in range(40)) for _ in range(3)]
+
+
+@pytest.fixture(scope="module")
+def bpe(documents) -> HFTokenizer:
+    return HFTokenizer([*documents, "Paragraph 0123456789: VAR ABCDEFGHIJKLMNOPQRSTUVWXYZ = 0123456789."])
+
+
+LENGTHS = (400, 1100)
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_multikey_retrieval_answer_by_construction(bpe, documents, length):
+    samples = multikey_retrieval(bpe, documents, length, num_samples=4, num_keys=3, seed=1)
+    for sample in samples:
+        assert len(sample.prompt_ids) == length
+        text = bpe.decode(sample.prompt_ids)
+        keys = dict(re.findall(r"The pass key of ([A-Z]{5}) is (\d{5})\. Remember it\.", text))
+        assert len(keys) == 3
+        (asked,) = re.findall(r"What is the pass key of ([A-Z]{5})\? The pass key of \1 is$", text)
+        assert sample.answers == [keys[asked]]
+        assert sample.score(f" {keys[asked]}.") == 1.0
+        other = next(k for name, k in keys.items() if name != asked)
+        assert sample.score(f" {other}.") == 0.0
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_variable_tracking_answer_by_construction(bpe, documents, length):
+    samples = variable_tracking(bpe, documents, length, num_samples=4, num_chains=2, num_hops=3, seed=2)
+    for sample in samples:
+        assert len(sample.prompt_ids) == length
+        text = bpe.decode(sample.prompt_ids)
+        values: dict[str, str] = {}
+        for name, source in re.findall(r"VAR ([A-Z]{5}) = (\d{5}|VAR [A-Z]{5})\.", text):
+            # Every variable is assigned after the one it copies, so one left-to-right pass resolves all.
+            values[name] = values[source[4:]] if source.startswith("VAR ") else source
+        assert len(values) == 8
+        (asked,) = re.findall(r"assigned the value (\d{5}) are:$", text)
+        assert sorted(sample.answers) == sorted(n for n, v in values.items() if v == asked)
+        assert sample.score(" " + ", ".join(sample.answers)) == 1.0
+        assert sample.score(" " + sample.answers[0]) == 0.25
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_passage_retrieval_answer_by_construction(bpe, documents, length):
+    for sample in passage_retrieval(bpe, documents, length, num_samples=4, seed=3):
+        assert len(sample.prompt_ids) <= length
+        text = bpe.decode(sample.prompt_ids)
+        paragraphs = dict(re.findall(r"Paragraph (\d+): (.*?)\n\n", text))
+        assert list(paragraphs) == [str(k) for k in range(1, len(paragraphs) + 1)]
+        (sentence,) = re.findall(r"\nSentence: (.*)\nThe sentence comes from Paragraph$", text)
+        sources = [k for k, p in paragraphs.items() if sentence in p]
+        assert len(paragraphs) >= 2 and sample.answers == [f"Paragraph {k}" for k in sources]
+        assert sample.score(f" {sources[0]}") == 1.0 and sample.metric == "retrieval_score"
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_passage_count_answer_by_construction(bpe, documents, length):
+    samples = passage_count(bpe, documents, length, num_samples=4, seed=4)
+    for sample in samples:
+        assert len(sample.prompt_ids) <= length
+        text = bpe.decode(sample.prompt_ids)
+        paragraphs = re.findall(r"Paragraph \d+: (.*?)\n\n", text)
+        assert sample.answers == [str(len(set(paragraphs)))]
+        assert sample.score(f" {len(set(paragraphs))}") == 1.0
+    assert any(len(set(p)) < len(p) for p in (re.findall(r"Paragraph \d+: (.*?)\n\n", bpe.decode(s.prompt_ids))
+                                              for s in samples))  # duplicates do occur
+
+
+def test_tasks_fit_lengths_with_whitespace_tokenizer(documents):
+    tok = WhitespaceTokenizer()
+    for length in (300, 777):
+        for task in (multikey_retrieval, variable_tracking):
+            assert all(len(s.prompt_ids) == length for s in task(tok, documents, length, 3, seed=5))
+        for task in (passage_retrieval, passage_count):
+            assert all(length - 120 < len(s.prompt_ids) <= length for s in task(tok, documents, length, 3, seed=5))
+
+
+def test_tasks_are_deterministic_by_seed(bpe, documents):
+    for task in (multikey_retrieval, variable_tracking, passage_retrieval, passage_count):
+        first, again = task(bpe, documents, 500, 2, seed=7), task(bpe, documents, 500, 2, seed=7)
+        assert first == again
+        assert first != task(bpe, documents, 500, 2, seed=8)
+
+
+def test_tasks_reject_too_short_lengths(bpe, documents):
+    for task in (multikey_retrieval, variable_tracking, passage_retrieval, passage_count):
+        with pytest.raises(ValueError, match="too short|do not fit"):
+            task(bpe, documents, 30, 1)
+
+
+def test_split_paragraphs_dedupes_and_cuts_long_blocks():
+    doc = "one two three four\n\none two three four\n\n" + " ".join(["w"] * 10)
+    assert split_paragraphs([doc], min_words=3, max_words=4) == ["one two three four", "w w w w"]
+
+
+def test_string_match_all():
+    assert string_match_all("abcde and FGHIJ", ["ABCDE", "FGHIJ", "KLMNO"]) == pytest.approx(2 / 3)

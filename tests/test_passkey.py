@@ -1,0 +1,171 @@
+"""Passkey prompts: exact token length, key at the requested depth, reference text; scoring and aggregation."""
+
+import random
+import re
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from nope_lightning.eval.passkey import (
+    DEFAULT_DEPTHS,
+    FILLER,
+    QUESTION,
+    TASK_LINE,
+    make_passkey_samples,
+    passkey_accuracy,
+    score_passkey,
+)
+
+WORDS = ("the of and to in a is that it was for on are with as his they be at one have this from or had by "
+         "word but what some we can out other were all there when up use your how said an each she which do "
+         "their time if will way about many then them write would like so these her long make thing see him "
+         "two has look more day could go come did number sound no most people my over know water than call "
+         "first who may down side been now find any new work part take get place made live where after back "
+         "little only round man year came show every good me give our under name very through just form").split()
+
+
+class HFTokenizer:
+    """A byte-level BPE (``tokenizers``) behind the encode/decode protocol."""
+
+    def __init__(self, texts: list[str], vocab_size: int = 500) -> None:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(texts, trainer)
+        self.tok = tok
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tok.decode(ids)
+
+
+class WhitespaceTokenizer:
+    """One id per whitespace-separated word; decoding joins words with single spaces."""
+
+    def __init__(self) -> None:
+        self.vocab: dict[str, int] = {}
+
+    def encode(self, text: str) -> list[int]:
+        return [self.vocab.setdefault(word, len(self.vocab)) for word in text.split()]
+
+    def decode(self, ids: list[int]) -> str:
+        words = {i: w for w, i in self.vocab.items()}
+        return " ".join(words[i] for i in ids)
+
+
+def random_text(rng: random.Random, sentences: int) -> str:
+    return " ".join(" ".join(rng.choices(WORDS, k=rng.randint(5, 12))).capitalize() + "."
+                    for _ in range(sentences))
+
+
+@pytest.fixture(scope="module")
+def bpe() -> HFTokenizer:
+    rng = random.Random(0)
+    texts = [random_text(rng, 50) for _ in range(40)] + [TASK_LINE, FILLER * 20, QUESTION, "0123456789 " * 50]
+    return HFTokenizer(texts)
+
+
+def test_default_depths_are_ten_tenths():
+    assert DEFAULT_DEPTHS == pytest.approx([i / 10 for i in range(10)])
+
+
+@pytest.mark.parametrize("length", [160, 257, 512, 1000])
+def test_bpe_prompt_has_exact_length_reference_text_and_key_at_depth(bpe, length):
+    samples = make_passkey_samples(bpe, [length], [*DEFAULT_DEPTHS, 1.0], keys_per_cell=2, seed=length)
+    assert len(samples) == 22
+    for sample in samples:
+        assert len(sample.input_ids) == sample.length == length
+        assert re.fullmatch(r"[1-9]\d{4}", sample.key)
+        key_ids = bpe.encode(" " + sample.key)
+        assert bpe.decode(sample.input_ids[sample.key_token_start:][:len(key_ids)]) == " " + sample.key
+
+        text = bpe.decode(sample.input_ids)
+        info = f"The pass key is {sample.key}. Remember it. {sample.key} is the pass key."
+        task, prefix, info_line, suffix, question = text.split("\n")
+        assert (task, info_line, question) == (TASK_LINE, info, QUESTION)
+        # The haystack is the reference filler: "The grass is green. The sky ..." from its start, both sides.
+        filler = " ".join([FILLER.strip()] * 100)
+        assert filler.startswith(prefix) and filler.startswith(suffix)
+        assert prefix == "" or prefix.endswith(".")  # the info line follows a whole sentence
+
+        # Depth in haystack tokens, counted by re-encoding the decoded prefix; the haystack size is what is
+        # left of the length once the fixed pieces are counted the same way.
+        fixed = len(bpe.encode(TASK_LINE + "\n")) + len(bpe.encode("\n" + info + "\n")) + len(
+            bpe.encode("\n" + QUESTION))
+        haystack = length - fixed
+        before = len(bpe.encode(prefix))
+        longest_sentence = max(len(bpe.encode(s)) for s in re.findall(r" [^.]+\.", FILLER))
+        assert abs(before - sample.depth * haystack) <= longest_sentence
+
+
+def test_whitespace_tokenizer_exact_length_and_depth():
+    tok = WhitespaceTokenizer()
+    for length in (80, 150, 401):
+        for sample in make_passkey_samples(tok, [length], DEFAULT_DEPTHS, keys_per_cell=1, seed=1):
+            assert len(sample.input_ids) == length
+            words = tok.decode(sample.input_ids).split()
+            assert words[sample.key_token_start] == sample.key
+            before = sample.key_token_start - len(TASK_LINE.split()) - len("The pass key is".split())
+            # The info line is encoded in pieces around the key, so "{key}." is two words here.
+            info = ["The", "pass", "key", "is", sample.key, *f". Remember it. {sample.key} is the pass key.".split()]
+            haystack = length - len(TASK_LINE.split()) - len(info) - len(QUESTION.split())
+            assert words[sample.key_token_start + 1:][:len(info) - 5] == info[5:]
+            assert abs(before - sample.depth * haystack) <= 4  # filler sentences are 3-4 words
+
+
+def test_prefix_ids_count_towards_the_length(bpe):
+    (sample,) = make_passkey_samples(bpe, [300], [0.5], keys_per_cell=1, prefix_ids=[7])
+    assert sample.input_ids[0] == 7 and len(sample.input_ids) == 300
+    assert bpe.decode(sample.input_ids[1:]).startswith(TASK_LINE)
+
+
+def test_samples_are_deterministic_by_seed(bpe):
+    first = make_passkey_samples(bpe, [200, 300], [0.0, 0.5], keys_per_cell=3, seed=5)
+    again = make_passkey_samples(bpe, [200, 300], [0.0, 0.5], keys_per_cell=3, seed=5)
+    other = make_passkey_samples(bpe, [200, 300], [0.0, 0.5], keys_per_cell=3, seed=6)
+    assert first == again
+    assert [s.key for s in first] != [s.key for s in other]
+    assert [(s.length, s.depth) for s in first[:6]] == [(200, 0.0)] * 3 + [(200, 0.5)] * 3
+
+
+def test_bad_arguments_raise(bpe):
+    with pytest.raises(ValueError, match="too short"):
+        make_passkey_samples(bpe, [20], [0.5], keys_per_cell=1)
+    with pytest.raises(ValueError, match="depth"):
+        make_passkey_samples(bpe, [300], [1.5], keys_per_cell=1)
+    with pytest.raises(ValueError, match="keys_per_cell"):
+        make_passkey_samples(bpe, [300], [0.5], keys_per_cell=0)
+
+
+@pytest.mark.parametrize("text, ok", [
+    (" 48213.", True),
+    ("48213", True),
+    (" is 48213, remember", True),
+    ("\n48213 is the pass key", True),
+    (" 4821", False),
+    (" 482130", False),
+    (" 1234 and 48213", False),  # only the first integer counts
+    (" the pass key", False),
+    ("", False),
+])
+def test_score_passkey(text, ok):
+    assert score_passkey(text, "48213") is ok
+
+
+def test_passkey_accuracy_per_cell_length_and_metric_names(bpe):
+    samples = make_passkey_samples(bpe, [200, 300], [0.0, 0.5], keys_per_cell=2, seed=0)
+    correct = [True, True, True, False, False, False, True, False]
+    acc = passkey_accuracy(samples, correct)
+    assert acc.by_cell == {(200, 0.0): 1.0, (200, 0.5): 0.5, (300, 0.0): 0.0, (300, 0.5): 0.5}
+    assert acc.by_length == {200: 0.75, 300: 0.25}
+    assert acc.overall == 0.5
+    metrics = acc.metrics()
+    assert metrics["passkey/len200/acc"] == 0.75
+    assert metrics["passkey/len300/depth50/acc"] == 0.5
+    assert len(metrics) == 6
+    with pytest.raises(ValueError, match="one result per sample"):
+        passkey_accuracy(samples, correct[:-1])
