@@ -188,17 +188,17 @@ class TrainerConfig:
     one thread per process beats two). ``val_every_n_steps=0`` validates once, at the end.
     """
 
-    max_steps: int = 900
+    max_steps: int = 700
     accelerator: str = "auto"
     devices: int = 1
     num_nodes: int = 1
     strategy: str = "auto"
     precision: str = "32-true"
     threads: int = 0
-    val_every_n_steps: int = 300
+    val_every_n_steps: int = 350
     val_batches: int = 16
     log_every_n_steps: int = 10
-    checkpoint_every_n_steps: int = 300
+    checkpoint_every_n_steps: int = 350
     accumulate_grad_batches: int = 1
     compile: bool = False
     progress_bar: bool = True
@@ -544,3 +544,58 @@ class FinetuneConfig:
     @property
     def total_steps(self) -> int:
         return self.steps * (self.raw_multiplier if self.budget == "raw" else 1)
+
+
+@dataclass
+class PipelineStep:
+    """One stage of a pipeline. ``overrides`` may reference earlier steps' results as ``@{step_id.key}``
+    (e.g. ``checkpoint=runs:/@{pretrain_nope.run_id}/model``); ``label`` names the method in the report."""
+
+    id: str = ""
+    stage: str = ""
+    config: str = ""
+    overrides: list[str] = field(default_factory=list)
+    label: str = ""
+
+
+@dataclass
+class PipelineConfig:
+    """``nope-lightning run pipeline experiments/<name>.yaml``: a chain of stages under one MLflow parent run.
+
+    ``common`` overrides go to every step whose config has that key (e.g. ``trainer.progress_bar=false``).
+    A step whose resolved config matches a finished step of the same pipeline run is skipped; a killed
+    pipeline resumes where it stopped. ``report`` runs the report stage at the end.
+    """
+
+    name: str = ""
+    steps: list[PipelineStep] = field(default_factory=list)
+    common: list[str] = field(default_factory=list)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    report: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a pipeline needs a name")
+        if not self.steps:
+            raise ValueError(f"pipeline {self.name!r} has no steps")
+        seen: set[str] = set()
+        for step in self.steps:
+            if not step.id or not step.stage:
+                raise ValueError(f"pipeline {self.name!r}: every step needs an id and a stage ({step})")
+            if step.id in seen:
+                raise ValueError(f"pipeline {self.name!r}: duplicate step id {step.id!r}")
+            seen.add(step.id)
+
+
+@dataclass
+class ReportConfig:
+    """``nope-lightning run report run=<pipeline run id>``: markdown tables + PNG plots from tracked runs,
+    written under ``out_dir`` (default ``mlruns/reports/<run id>``) and logged to MLflow."""
+
+    run: str = ""
+    out_dir: str = ""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if not self.run:
+            raise ValueError("run= is required: the MLflow run id of a pipeline")

@@ -45,6 +45,10 @@ STAGES: dict[str, Stage] = {
                       "PPL, per-position curves, attention entropy, passkey, long-context tasks"),
     "scale-search": Stage("nope_lightning.config:ScaleSearchConfig", "nope_lightning.stages.scale_search:run",
                           "Optuna grid over a uniform temperature per target length; lambda = 1 + a ln s fit"),
+    "pipeline": Stage("nope_lightning.config:PipelineConfig", "nope_lightning.stages.pipeline:run",
+                      "an experiment file: stages chained through MLflow, resumable, one parent run"),
+    "report": Stage("nope_lightning.config:ReportConfig", "nope_lightning.stages.report:run",
+                    "markdown tables + PNG plots of a pipeline run, papers' numbers beside ours"),
 }
 
 

@@ -1,0 +1,139 @@
+"""``pipeline``: run an experiment file — a chain of stages whose outputs feed the next through MLflow.
+
+Every step runs through ``run_stage`` (exactly what its CLI command would run), nested under one parent
+MLflow run so the UI compares methods side by side. After a step finishes, its resolved-config hash and
+result are logged on the parent as ``steps/<id>.json``; a rerun of the same pipeline (same resolved
+pipeline config) finds that parent, skips every step whose hash matches and resumes the first one that
+does not — a pretrain killed mid-way continues from its last checkpoint, a scale-search from its study.
+
+Steps run in this process, one after another; a step with ``trainer.strategy=ddp`` would re-execute the
+pipeline command in its extra ranks, so multi-process runs are launched per stage (see README).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import time
+from dataclasses import replace
+from typing import Any
+
+from nope_lightning import tracking
+from nope_lightning.config import PipelineConfig, PipelineStep, flatten, to_yaml
+
+REFERENCE = re.compile(r"@\{([\w-]+)\.([\w/.-]+)\}")
+
+
+def resolve_references(text: str, results: dict[str, dict]) -> str:
+    """Replace ``@{step.key}`` with ``str(results[step][key])``; a clear error for unknown steps or keys."""
+    def substitute(match: re.Match) -> str:
+        step, key = match.groups()
+        if step not in results:
+            raise ValueError(f"@{{{step}.{key}}}: no earlier step {step!r} (steps run in file order)")
+        if key not in results[step]:
+            raise ValueError(f"@{{{step}.{key}}}: step {step!r} has no result {key!r} "
+                             f"(it has {', '.join(sorted(results[step]))})")
+        return str(results[step][key])
+
+    return REFERENCE.sub(substitute, text)
+
+
+def step_config(step: PipelineStep, cfg: PipelineConfig, results: dict[str, dict], parent: str):
+    """The validated stage config of ``step``: its YAML <- common overrides (where the key exists) <- its
+    overrides with references resolved <- the pipeline's tracking, nested under ``parent``."""
+    from nope_lightning.run import get_stage, stage_config
+
+    keys = set(flatten(_defaults(get_stage(step.stage).config_class())))
+    common = [o for o in cfg.common if o.split("=", 1)[0] in keys]
+    overrides = [resolve_references(o, results) for o in step.overrides]
+    t = cfg.tracking
+    tracked = [f"tracking.uri={t.uri}", f"tracking.artifact_root={t.artifact_root}",
+               f"tracking.experiment={t.experiment}", f"tracking.parent_run_id={parent}"]
+    if step.label and "name" in keys:
+        tracked.append(f"name={step.label}")
+    return stage_config(step.stage, step.config or None, [*common, *overrides, *tracked])
+
+
+def _defaults(cls) -> dict:
+    """A config class's default values as a nested dict (no validation: required fields may be empty)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.structured(cls))
+
+
+def config_hash(cfg: Any) -> str:
+    return hashlib.sha256(to_yaml(cfg).encode()).hexdigest()[:16]
+
+
+def find_parent(cfg: PipelineConfig, pipeline_hash: str) -> str | None:
+    """The newest parent run of this exact pipeline config, to resume; None if there is none."""
+    client = tracking.client(cfg.tracking)
+    runs = client.search_runs([tracking.experiment_id(cfg.tracking)],
+                              filter_string=f"tags.pipeline_hash = '{pipeline_hash}'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def finished_steps(cfg: PipelineConfig, parent: str) -> dict[str, dict]:
+    """``step id -> {"hash", "result"}`` of the steps the parent run has recorded as finished."""
+    client = tracking.client(cfg.tracking)
+    done = {}
+    for artifact in client.list_artifacts(parent, "steps"):
+        record = json.loads(tracking.download(cfg.tracking, parent, artifact.path).read_text())
+        done[record["id"]] = record
+    return done
+
+
+def run(cfg: PipelineConfig) -> dict[str, Any]:
+    from nope_lightning.run import get_stage, run_stage
+
+    for step in cfg.steps:
+        get_stage(step.stage)  # unknown stage names fail before anything runs
+    pipeline_hash = config_hash(cfg)
+    parent = find_parent(cfg, pipeline_hash)
+    if parent is None:
+        parent = tracking.create_run(cfg.tracking, "pipeline", cfg.name, cfg)
+        tracking.client(cfg.tracking).set_tag(parent, "pipeline_hash", pipeline_hash)
+    else:
+        tracking.client(cfg.tracking).update_run(parent, status="RUNNING")
+    done = finished_steps(cfg, parent)
+    results: dict[str, dict] = {}
+    start = time.perf_counter()
+    for number, step in enumerate(cfg.steps, 1):
+        stage_cfg = step_config(step, cfg, results, parent)
+        digest = config_hash(stage_cfg)
+        prefix = f"[{number}/{len(cfg.steps)}] {step.stage} {step.id}"
+        if step.id in done and done[step.id]["hash"] == digest:
+            results[step.id] = done[step.id]["result"]
+            _progress(f"{prefix}: already done, skipped")
+            continue
+        _progress(f"{prefix}: running ({time.perf_counter() - start:.0f}s elapsed)")
+        t0 = time.perf_counter()
+        result = {k: v for k, v in run_stage(step.stage, stage_cfg).items() if _jsonable(v)}
+        results[step.id] = result
+        tracking.log_json(cfg.tracking, parent, {"id": step.id, "stage": step.stage, "label": step.label,
+                                                 "hash": digest, "result": result}, f"steps/{step.id}.json")
+        if "run_id" in result and result["run_id"]:
+            client = tracking.client(cfg.tracking)
+            client.set_tag(result["run_id"], "pipeline_step", step.id)
+            client.set_tag(result["run_id"], "method", step.label or step.id)
+        _progress(f"{prefix}: done in {time.perf_counter() - t0:.0f}s")
+    summary: dict[str, Any] = {"run_id": parent, "steps": len(cfg.steps),
+                               "elapsed_s": round(time.perf_counter() - start, 1)}
+    if cfg.report:
+        from nope_lightning.config import ReportConfig
+
+        report_cfg = ReportConfig(run=parent, tracking=replace(cfg.tracking, parent_run_id=parent))
+        summary["report"] = run_stage("report", report_cfg).get("markdown")
+    tracking.end_run(cfg.tracking, parent)
+    return summary
+
+
+def _jsonable(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool) or value is None
+
+
+def _progress(line: str) -> None:
+    print(f"pipeline {line}", file=sys.stderr, flush=True)
