@@ -18,6 +18,7 @@ import re
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from nope_lightning import tracking
@@ -53,7 +54,15 @@ def step_config(step: PipelineStep, cfg: PipelineConfig, results: dict[str, dict
                f"tracking.experiment={t.experiment}", f"tracking.parent_run_id={parent}"]
     if step.label and "name" in keys:
         tracked.append(f"name={step.label}")
-    return stage_config(step.stage, step.config or None, [*common, *overrides, *tracked])
+    return stage_config(step.stage, config_path(step.config), [*common, *overrides, *tracked])
+
+
+def config_path(path: str) -> str | None:
+    """A step's YAML: as given if it exists, else relative to the repository (``conf/...`` from anywhere)."""
+    if not path or Path(path).exists():
+        return path or None
+    in_repo = Path(__file__).resolve().parents[2] / path
+    return str(in_repo) if in_repo.exists() else path
 
 
 def _defaults(cls) -> dict:

@@ -149,7 +149,7 @@ def passkey_figure(evals: dict[str, dict]):
 def run(cfg: ReportConfig) -> dict[str, Any]:
     from nope_lightning.eval import plots
 
-    out = Path(cfg.out_dir or f"mlruns/reports/{cfg.run}")
+    out = Path(cfg.out_dir or f"mlruns/reports/{cfg.run}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     evals: dict[str, dict] = {}
     sections, figures = [], {}

@@ -1,0 +1,106 @@
+"""The tiny pipeline end to end (every metric and artifact tracked), and a kill mid-way that resumes to the
+same results."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nope_lightning.run import run_stage, stage_config
+from nope_lightning.stages.pipeline import resolve_references
+from tests.conftest import REPO
+
+PIPELINE = str(REPO / "experiments/tiny.yaml")
+EVAL_STEPS = ("eval_nope", "eval_rope", "eval_rope_ntk", "eval_nope_uniform")
+
+
+def store(root: Path, data_cache: str) -> list[str]:
+    return [f"tracking.uri=sqlite:///{root}/mlflow.db", f"tracking.artifact_root={root}/artifacts",
+            f"common=[trainer.progress_bar=false,data.cache_dir={data_cache}]"]
+
+
+def step_metrics(root: Path, run_id: str) -> dict[str, dict[str, float]]:
+    """``step id -> metrics`` of the pipeline's child runs."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    exp = client.get_run(run_id).info.experiment_id
+    runs = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{run_id}'")
+    return {r.data.tags["pipeline_step"]: r.data.metrics for r in runs if "pipeline_step" in r.data.tags}
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, data_cache) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("pipeline_full")
+    os.chdir(root)  # checkpoints and reports go under ./mlruns, as from a user's checkout
+    try:
+        result = run_stage("pipeline", stage_config("pipeline", PIPELINE, store(root, data_cache)))
+    finally:
+        os.chdir(REPO)
+    return root, result
+
+
+def test_tiny_pipeline_tracks_every_metric_and_artifact(full_run):
+    root, result = full_run
+    metrics = step_metrics(root, result["run_id"])
+    assert set(metrics) == {"pretrain_nope", "pretrain_rope", *EVAL_STEPS, "search_nope"}
+    assert "val/len64/ppl" in metrics["pretrain_nope"]
+    for step in EVAL_STEPS:
+        assert {"val/len64/ppl", "val/len128/ppl", "val/len256/ppl", "val/len256/entropy"} <= set(metrics[step])
+    assert "passkey/len256/acc" in metrics["eval_nope"] and "longctx/multikey_retrieval/len256/score" in metrics["eval_rope"]
+    assert {"scale_search/len256/best_lambda", "scale_search/fit_a"} <= set(metrics["search_nope"])
+    report = Path(result["report"])
+    text = report.read_text()
+    for needle in ("Perplexity on `tiny`", "Passkey retrieval", "Uniform-scale search", "| rope+ntk |"):
+        assert needle in text
+    assert {p.name for p in report.parent.glob("*.png")} >= {"position_curves.png", "passkey_heatmaps.png",
+                                                             "lambda_fit.png"}
+
+
+def test_rerun_skips_finished_steps(full_run, data_cache, capfd):
+    root, result = full_run
+    os.chdir(root)
+    try:
+        again = run_stage("pipeline", stage_config("pipeline", PIPELINE, store(root, data_cache)))
+    finally:
+        os.chdir(REPO)
+    assert again["run_id"] == result["run_id"]
+    assert capfd.readouterr().err.count("already done, skipped") == 7
+
+
+def test_killed_pipeline_resumes_to_the_same_results(full_run, tmp_path, data_cache):
+    root, result = full_run
+    args = [sys.executable, "-m", "nope_lightning.cli", "run", "pipeline", PIPELINE, *store(tmp_path, data_cache)]
+    proc = subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    deadline = time.time() + 300
+    for line in proc.stderr:  # kill while the second pretraining is running
+        if "[2/7] pretrain pretrain_rope: running" in line or time.time() > deadline:
+            time.sleep(2)
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    resumed = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "[1/7] pretrain pretrain_nope: already done, skipped" in resumed.stderr
+    run_id = json.loads(resumed.stdout[resumed.stdout.index("{"):])["run_id"]
+    want, got = step_metrics(root, result["run_id"]), step_metrics(tmp_path, run_id)
+    for step in EVAL_STEPS:
+        for key in ("val/len64/ppl", "val/len256/ppl", "val/len256/entropy"):
+            assert got[step][key] == pytest.approx(want[step][key], rel=1e-6), (step, key)
+
+
+def test_references_name_their_problem():
+    results = {"a": {"run_id": "r1"}}
+    assert resolve_references("checkpoint=runs:/@{a.run_id}/model", results) == "checkpoint=runs:/r1/model"
+    with pytest.raises(ValueError, match="no earlier step 'b'"):
+        resolve_references("@{b.run_id}", results)
+    with pytest.raises(ValueError, match="has no result 'model'"):
+        resolve_references("@{a.model}", results)
