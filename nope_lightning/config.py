@@ -228,10 +228,10 @@ class TrackingConfig:
     parent_run_id: str = ""
 
     def __post_init__(self) -> None:
-        if "://" not in self.uri and not self.uri.startswith("databricks"):
-            raise ValueError(f"tracking.uri={self.uri!r} is not a URI; use e.g. sqlite:///mlruns/mlflow.db")
         if self.uri.startswith("file:"):
             raise ValueError("tracking.uri: MLflow 3 refuses folder stores; use sqlite:///path/mlflow.db")
+        if "://" not in self.uri and not self.uri.startswith("databricks"):
+            raise ValueError(f"tracking.uri={self.uri!r} is not a URI; use e.g. sqlite:///mlruns/mlflow.db")
 
 
 @dataclass

@@ -1,0 +1,74 @@
+"""The config flow: defaults <- YAML <- overrides, validation before compute, and every shipped YAML loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nope_lightning.config import EvaluateConfig, PretrainConfig, load_config, to_yaml
+from nope_lightning.run import STAGES, stage_config
+from tests.conftest import REPO
+
+#: Overrides a stage needs to validate without a real run (required fields).
+REQUIRED = {
+    "evaluate": ["checkpoint=x"],
+    "scale-search": ["checkpoint=x", "target_lengths=[512]"],
+    "headscale": ["checkpoint=x", "target_len=512", "init=default"],
+    "headscale-search": ["base.checkpoint=x", "base.target_len=512", "base.init=default"],
+    "finetune": ["checkpoint=x", "target_len=512"],
+    "report": ["run=x"],
+}
+
+
+def test_precedence_defaults_yaml_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train_len: 128\nmodel:\n  n_layer: 3\n")
+    cfg = load_config(PretrainConfig, path, ["model.n_layer=5"])
+    assert (cfg.train_len, cfg.model.n_layer, cfg.model.n_head) == (128, 5, 4)  # yaml, override, default
+
+
+def test_resolved_config_round_trips_through_yaml(tmp_path):
+    cfg = load_config(PretrainConfig, None, ["model.pos_encoding=rope", "model.rope_scaling.method=yarn",
+                                             "model.rope_scaling.factor=4"])
+    (tmp_path / "r.yaml").write_text(to_yaml(cfg))
+    assert load_config(PretrainConfig, tmp_path / "r.yaml") == cfg
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.n_layers=2", "model.n_layers"),
+    ("optim.lr=fast", "optim.lr"),
+    ("trainer.precision=fp8", "trainer.precision='fp8' is not a valid choice"),
+    ("optim.lr=-1", "optim.lr=-1.0 is out of range"),
+    ("model.n_embd=130", "divisible by model.n_head"),
+    ("model.rope_scaling.method=yarn", "applies to pos_encoding=rope only"),
+    ("tracking.uri=file:./mlruns", "MLflow 3 refuses folder stores"),
+])
+def test_bad_values_name_their_key(override, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        load_config(PretrainConfig, None, [override])
+
+
+def test_required_fields_and_lists_are_checked():
+    with pytest.raises(ValueError, match="checkpoint= is required"):
+        load_config(EvaluateConfig, None, [])
+    with pytest.raises(ValueError, match="longctx_tasks"):
+        load_config(EvaluateConfig, None, ["checkpoint=x", "longctx_tasks=[sudoku]"])
+
+
+def shipped_yaml() -> list[Path]:
+    return sorted([*REPO.glob("conf/*/*.yaml"), *REPO.glob("experiments/*.yaml")])
+
+
+@pytest.mark.parametrize("path", shipped_yaml(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_shipped_yaml_loads(path):
+    stage = "pipeline" if path.parent.name == "experiments" else path.parent.name
+    if path.stem.startswith("synthetic_grid"):
+        stage = "synthetic-grid"
+    assert stage in STAGES, f"{path}: no stage named {stage}"
+    cfg = stage_config(stage, str(path), REQUIRED.get(stage, []))
+    if stage == "pipeline":
+        for step in cfg.steps:
+            assert step.stage in STAGES, f"{path}: step {step.id} names unknown stage {step.stage}"
+            if step.config:
+                assert (REPO / step.config).is_file(), f"{path}: step {step.id} config {step.config} is missing"
