@@ -32,13 +32,19 @@ from nope_lightning.metrics import AttentionEntropy, position_buckets
 
 
 def extension_overrides(ext: ExtensionConfig, tracking_cfg: TrackingConfig) -> dict[str, Any]:
-    """Model fields set by an extension; a ``runs:/<id>/<path>`` table is downloaded first."""
+    """Model fields set by an extension; a ``runs:/<id>/<path>`` table is downloaded first.
+
+    ``rope_scaling.method=none`` leaves the exported model's scaling alone (a PI/YaRN fine-tune keeps its own).
+    """
     table = ext.temperature_table
     if table.startswith("runs:/"):
         run_id, _, path = table.removeprefix("runs:/").partition("/")
         table = str(tracking.download(tracking_cfg, run_id, path))
-    return {"temperature": ext.temperature, "temperature_table": table, "rope_scaling": ext.rope_scaling,
-            "attention_backend": ext.attention_backend}
+    overrides = {"temperature": ext.temperature, "temperature_table": table,
+                 "attention_backend": ext.attention_backend}
+    if ext.rope_scaling.method != "none":  # else keep the export's own scaling (a PI/YaRN fine-tune's)
+        overrides["rope_scaling"] = ext.rope_scaling
+    return overrides
 
 
 def extension_label(ext: ExtensionConfig) -> str:

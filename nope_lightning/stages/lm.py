@@ -37,11 +37,27 @@ class CausalLM(LightningModule):
         super().__init__()
         self.model, self.optim, self.max_steps = model, optim, max_steps
         self.compile = compile
-        self._forward = model
 
     def configure_model(self) -> None:
-        if self.compile and self._forward is self.model:
-            self._forward = torch.compile(self.model)
+        if self.compile and "_compiled" not in self.__dict__:
+            # Kept outside the module tree: the compiled wrapper shares the weights, and the state-dict keys
+            # (checkpoints, exports) stay those of the plain model.
+            object.__setattr__(self, "_compiled", torch.compile(self.model))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx (B, T) -> logits (B, T, V), through the compiled model when ``compile`` is on."""
+        return self.__dict__.get("_compiled", self.model)(idx)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Norm clipping; under FSDP the sharded module clips (Lightning refuses its generic path there)."""
+        if not gradient_clip_val:
+            return
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        if isinstance(self.trainer.strategy, FSDPStrategy):
+            self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
+        else:
+            self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
@@ -61,14 +77,14 @@ class CausalLM(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        loss = lm_loss(self._forward(batch[:, :-1]), batch[:, 1:])
+        loss = lm_loss(self(batch[:, :-1]), batch[:, 1:])
         self.log("train/loss", loss, prog_bar=True)
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
         return loss
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         # All validation batches have the same shape, so the epoch mean of batch means is token-weighted.
-        loss = lm_loss(self._forward(batch[:, :-1]), batch[:, 1:])
+        loss = lm_loss(self(batch[:, :-1]), batch[:, 1:])
         length = batch.size(1) - 1
         self.log(f"val/len{length}/loss", loss, sync_dist=True, prog_bar=True)
 

@@ -1,0 +1,106 @@
+"""``finetune``: the RoPE baselines of paper 001 Table 2 — full fine-tuning at ``target_len`` with Position
+Interpolation or YaRN (App. A: lr 1e-4, 200 steps, batch 8).
+
+The RoPE scaling is s = ``target_len / original_len`` unless ``rope_scaling.factor`` gives another value,
+with ``original_len`` = the model's ``train_len`` unless set. The model is trained with that scaling and
+exported with it: the exported ``PretrainConfig.model.rope_scaling`` holds method, factor and original_len,
+and its ``train_len`` stays the *original* pre-training length (RoPE scaling's reference length and what
+evaluation's default lengths are multiples of), so ``load_model`` of the export rebuilds exactly the
+fine-tuned model.
+
+Token budget (App. A): ``fair`` trains ``steps`` x ``batch_size`` x ``target_len`` tokens per process, the
+budget HeadScale uses with the same settings; ``raw`` trains ``raw_multiplier`` times as many steps (the
+paper's 1000 steps vs 200). Outputs: ``<out_dir>/model`` (the export, also the MLflow artifact ``model``),
+the MLflow run (tag ``stage=finetune``) with the config, ``train/loss``, ``val/len{T}/loss`` and ``…/ppl``,
+and ``finetune/tokens``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from nope_lightning import tracking
+from nope_lightning.checkpoint import CONFIG, export_model, load_model, resolve_reference
+from nope_lightning.config import FinetuneConfig, PretrainConfig, RopeScalingConfig, load_config
+from nope_lightning.model import GPT
+from nope_lightning.stages.headscale import check_target_len, check_tokenizer, trained_state
+
+
+def check_rope_model(cfg: PretrainConfig, ref: str) -> None:
+    """Only a RoPE model without a scaling of its own can be fine-tuned with PI/YaRN."""
+    model = cfg.model
+    if model.pos_encoding != "rope":
+        raise ValueError(f"checkpoint={ref} is a {model.pos_encoding} model; finetune extends RoPE models with "
+                         f"PI/YaRN (extend a NoPE model with the headscale stage or evaluate extension.temperature=)")
+    if model.rope_scaling.method != "none":
+        raise ValueError(f"checkpoint={ref} already uses rope_scaling={model.rope_scaling.method} "
+                         f"(factor {model.rope_scaling.factor:g}); fine-tune the original RoPE export instead")
+
+
+def target_scaling(cfg: FinetuneConfig, train_len: int) -> RopeScalingConfig:
+    """``cfg.rope_scaling`` with original_len (default ``train_len``) and factor (default
+    target_len / original_len) filled in."""
+    original = cfg.rope_scaling.original_len or train_len
+    factor = cfg.rope_scaling.factor if cfg.rope_scaling.factor != 1.0 else cfg.target_len / original
+    return dataclasses.replace(cfg.rope_scaling, factor=factor, original_len=original)
+
+
+def default_name(cfg: FinetuneConfig, base: PretrainConfig, folder: Path) -> str:
+    return (f"finetune-{base.name or folder.parent.name}-{cfg.rope_scaling.method}-L{cfg.target_len}-"
+            f"{cfg.budget}")
+
+
+def run(cfg: FinetuneConfig) -> dict[str, Any]:
+    from lightning.pytorch import seed_everything
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from nope_lightning.data import PackedDataModule, prepare
+    from nope_lightning.run import build_trainer, check_strategy
+    from nope_lightning.stages.lm import CausalLM
+
+    check_strategy(cfg.trainer)
+    folder = resolve_reference(cfg.checkpoint, cfg.tracking)
+    base = load_config(PretrainConfig, folder / CONFIG)  # the architecture, checked before loading weights
+    check_rope_model(base, cfg.checkpoint)
+    check_target_len(base, cfg.target_len)
+    scaling = target_scaling(cfg, base.train_len)
+    loaded = load_model(str(folder), cfg.tracking, rope_scaling=scaling)
+    prepared = prepare(loaded.config.data)
+    check_tokenizer(prepared, loaded)
+
+    seed_everything(cfg.seed, workers=True, verbose=False)
+    steps = cfg.total_steps
+    module = CausalLM(loaded.model, cfg.optim, steps, cfg.trainer.compile)
+    data = PackedDataModule(prepared, cfg.target_len, cfg.batch_size, cfg.seed, cfg.trainer.val_batches,
+                            loaded.config.data.num_workers)
+    name = cfg.name or default_name(cfg, base, folder)
+    out = Path(cfg.out_dir or f"mlruns/checkpoints/finetune/{name}")
+    logger = tracking.lightning_logger(cfg.tracking, "finetune", name)
+    trainer = build_trainer(cfg.trainer, logger=logger, default_root_dir=str(out), grad_clip=cfg.optim.grad_clip,
+                            max_steps=steps, enable_checkpointing=False)
+    tokens = steps * cfg.batch_size * cfg.target_len * trainer.world_size
+    if rank_zero_only.rank == 0:
+        tracking.log_config(cfg.tracking, logger.run_id, cfg)
+        tracking.log_metrics(cfg.tracking, logger.run_id, {"finetune/tokens": tokens, "finetune/steps": steps,
+                                                            "finetune/rope_factor": scaling.factor})
+    trainer.fit(module, datamodule=data)
+    state = trained_state(trainer)
+    if not trainer.is_global_zero:
+        return {}
+
+    # A fresh model from the gathered state: under FSDP the trained one is sharded across ranks.
+    model = GPT(loaded.model.cfg, loaded.meta["vocab_size"], base.train_len)
+    model.load_state_dict(state, strict=True)
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    meta = {"step": trainer.global_step, "data_key": prepared.key, "run_id": logger.run_id, "metrics": metrics,
+            "finetune": {"base_checkpoint": cfg.checkpoint, "base_fingerprint": loaded.fingerprint,
+                         "target_len": cfg.target_len, "rope_scaling": dataclasses.asdict(scaling),
+                         "budget": cfg.budget, "steps": steps, "tokens": tokens}}
+    export = export_model(out / "model", model, dataclasses.replace(loaded.config, name=name),
+                          loaded.tokenizer_file, meta)
+    tracking.log_artifacts(cfg.tracking, logger.run_id, export, "model")
+    return {"run_id": logger.run_id, "out_dir": str(out), "model": str(export), "step": trainer.global_step,
+            "world_size": trainer.world_size, "tokens": tokens, "rope_scaling": dataclasses.asdict(scaling),
+            **metrics}
