@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from nope_lightning.config import to_yaml
 
@@ -56,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     from lightning.pytorch.utilities import rank_zero_only
 
     if rank_zero_only.rank == 0:  # DDP re-runs this command line in every rank; report once
-        print(json.dumps(result, indent=1, default=str))
+        text = json.dumps(result, indent=1, default=str)
+        print(text)
+        if os.environ.get("NOPE_LIGHTNING_RESULT"):  # a pipeline running this stage as a subprocess
+            Path(os.environ["NOPE_LIGHTNING_RESULT"]).write_text(text)
     return 0
 
 

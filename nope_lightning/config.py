@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -296,6 +297,8 @@ def load_config(cls: type[T], yaml_path: str | os.PathLike | None = None,
         return OmegaConf.to_object(merged)  # runs every __post_init__ check
     except OmegaConfBaseException as err:
         raise ValueError(_format_error(err)) from None
+    except yaml.YAMLError as err:  # a malformed value in an override, e.g. an unquoted '{' in a list
+        raise ValueError(f"cannot parse an override value: {str(err).splitlines()[0]} (quote it)") from None
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -549,13 +552,16 @@ class FinetuneConfig:
 @dataclass
 class PipelineStep:
     """One stage of a pipeline. ``overrides`` may reference earlier steps' results as ``@{step_id.key}``
-    (e.g. ``checkpoint=runs:/@{pretrain_nope.run_id}/model``); ``label`` names the method in the report."""
+    (e.g. ``checkpoint=runs:/@{pretrain_nope.run_id}/model``); ``label`` names the method in the report.
+    ``subprocess`` runs the step as its own ``nope-lightning run`` process (needed for multi-process
+    strategies: Lightning's DDP/FSDP launcher re-executes the command line in every extra rank)."""
 
     id: str = ""
     stage: str = ""
     config: str = ""
     overrides: list[str] = field(default_factory=list)
     label: str = ""
+    subprocess: bool = False
 
 
 @dataclass

@@ -78,19 +78,23 @@ def test_rerun_skips_finished_steps(full_run, data_cache, capfd):
 def test_killed_pipeline_resumes_to_the_same_results(full_run, tmp_path, data_cache):
     root, result = full_run
     args = [sys.executable, "-m", "nope_lightning.cli", "run", "pipeline", PIPELINE, *store(tmp_path, data_cache)]
-    proc = subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    # Its own process group, killed whole — as a terminal kills a job (pretrain_rope runs in a subprocess).
+    proc = subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
     deadline = time.time() + 300
     for line in proc.stderr:  # kill while the second pretraining is running
         if "[2/7] pretrain pretrain_rope: running" in line or time.time() > deadline:
             time.sleep(2)
-            proc.send_signal(signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
             break
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
-    resumed = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    result_file = tmp_path / "result.json"
+    resumed = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "NOPE_LIGHTNING_RESULT": str(result_file)})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "[1/7] pretrain pretrain_nope: already done, skipped" in resumed.stderr
-    run_id = json.loads(resumed.stdout[resumed.stdout.index("{"):])["run_id"]
+    run_id = json.loads(result_file.read_text())["run_id"]
     want, got = step_metrics(root, result["run_id"]), step_metrics(tmp_path, run_id)
     for step in EVAL_STEPS:
         for key in ("val/len64/ppl", "val/len256/ppl", "val/len256/entropy"):

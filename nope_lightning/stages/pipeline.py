@@ -6,8 +6,9 @@ result are logged on the parent as ``steps/<id>.json``; a rerun of the same pipe
 pipeline config) finds that parent, skips every step whose hash matches and resumes the first one that
 does not — a pretrain killed mid-way continues from its last checkpoint, a scale-search from its study.
 
-Steps run in this process, one after another; a step with ``trainer.strategy=ddp`` would re-execute the
-pipeline command in its extra ranks, so multi-process runs are launched per stage (see README).
+Steps run in this process, one after another; a step with ``subprocess: true`` runs as its own
+``nope-lightning run`` process instead — required for multi-process strategies (DDP/FSDP), whose launcher
+re-executes the command line in every extra rank.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
             continue
         _progress(f"{prefix}: running ({time.perf_counter() - start:.0f}s elapsed)")
         t0 = time.perf_counter()
-        result = {k: v for k, v in run_stage(step.stage, stage_cfg).items() if _jsonable(v)}
+        raw = run_subprocess(step.stage, stage_cfg) if step.subprocess else run_stage(step.stage, stage_cfg)
+        result = {k: v for k, v in raw.items() if _jsonable(v)}
         results[step.id] = result
         tracking.log_json(cfg.tracking, parent, {"id": step.id, "stage": step.stage, "label": step.label,
                                                  "hash": digest, "result": result}, f"steps/{step.id}.json")
@@ -138,6 +140,23 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
         summary["report"] = run_stage("report", report_cfg).get("markdown")
     tracking.end_run(cfg.tracking, parent)
     return summary
+
+
+def run_subprocess(stage: str, stage_cfg: Any) -> dict[str, Any]:
+    """Run one stage as ``python -m nope_lightning.cli run <stage> <resolved.yaml>`` (its output shown as
+    usual); the CLI writes its result to ``$NOPE_LIGHTNING_RESULT``."""
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path, result = Path(tmp) / f"{stage}.yaml", Path(tmp) / "result.json"
+        path.write_text(to_yaml(stage_cfg))
+        proc = subprocess.run([sys.executable, "-m", "nope_lightning.cli", "run", stage, str(path)],
+                              env={**os.environ, "NOPE_LIGHTNING_RESULT": str(result)})
+        if proc.returncode or not result.exists():
+            raise RuntimeError(f"stage {stage} failed in its subprocess (exit {proc.returncode}); see its output")
+        return json.loads(result.read_text())
 
 
 def _jsonable(value: Any) -> bool:
