@@ -52,6 +52,11 @@ STAGES: dict[str, Stage] = {
                               "Optuna TPE over HeadScale's init and lr, pruned on validation loss"),
     "finetune": Stage("nope_lightning.config:FinetuneConfig", "nope_lightning.stages.finetune:run",
                       "RoPE baselines: full PI / YaRN fine-tuning at the target length"),
+    "synthetic": Stage("nope_lightning.synthetic.config:SyntheticConfig", "nope_lightning.stages.synthetic:run",
+                       "paper-002 task suite: one (task, PE, seed), exact match per length bucket"),
+    "synthetic-grid": Stage("nope_lightning.synthetic.config:SyntheticGridConfig",
+                            "nope_lightning.stages.synthetic:run_grid",
+                            "tasks x PEs x seeds under one parent run: OOD table, MRR (ties averaged)"),
     "pipeline": Stage("nope_lightning.config:PipelineConfig", "nope_lightning.stages.pipeline:run",
                       "an experiment file: stages chained through MLflow, resumable, one parent run"),
     "report": Stage("nope_lightning.config:ReportConfig", "nope_lightning.stages.report:run",
@@ -79,17 +84,17 @@ def run_stage(name: str, cfg: Any) -> dict[str, Any]:
 
 
 def configure_threads(cfg: TrainerConfig) -> int:
-    """Set torch's intra-op threads: ``cfg.threads``, or for 0 one thread per CPU process.
+    """Set torch's intra-op threads: ``cfg.threads``, or for 0 the CPU cores shared out among the processes.
 
-    Measured on 2 cores (``experiments/benchmark_pretrain.py``): the small model trains faster on one thread
-    than on two (small matmuls do not amortise the synchronisation), so ``threads=0`` uses one thread per
-    process on CPU and leaves GPUs runs at torch's default.
+    Measured on 2 cores with the small model (``experiments/benchmark_pretrain.py``, README): one process
+    trains faster on 2 threads than on 1, and 2 DDP processes x 1 thread are faster still; so ``threads=0``
+    gives each of the ``devices`` processes ``cores // devices`` threads. GPU runs keep torch's default.
     """
     threads = cfg.threads
     if threads == 0:
         if _uses_gpu(cfg):
             return torch.get_num_threads()
-        threads = 1
+        threads = max(1, (os.cpu_count() or 1) // cfg.devices)
     torch.set_num_threads(threads)
     return threads
 

@@ -117,13 +117,16 @@ def parse_scratchpad(tokens: Sequence[str], scratchpad: str) -> tuple[list[Step]
 def parse_answer(tokens: Sequence[str]) -> list[str]:
     """The final answer in a predicted sequence, with or without a scratchpad.
 
-    Accepts a whole decoded sequence or only the generated part: everything up to the last
-    ``<sep>`` (the prompt) and from the first ``<eos>`` (padding, overrun) is dropped, and when a
-    scratchpad is present only the tokens after its last ``<ans>`` count.
+    Accepts a whole decoded sequence or only the generated part: everything up to the first
+    ``<sep>`` (the prompt, which never holds one) and from the first ``<eos>`` (padding, overrun) is
+    dropped, and when a scratchpad is present only the tokens after its last ``<ans>`` count. In a
+    whole sequence a ``<sep>`` the model generates stays in the answer (cutting at the last one would
+    score ``<bos> ... <sep> x <sep> 4 0 5`` as ``4 0 5``); in the generated part alone it cannot be told
+    from the prompt's, so score whole sequences.
     """
     tokens = list(tokens)
     if SEP in tokens:
-        tokens = tokens[len(tokens) - tokens[::-1].index(SEP):]
+        tokens = tokens[tokens.index(SEP) + 1:]
     tokens = _until_eos(tokens)
     if ANSWER_MARKER in tokens:
         tokens = tokens[len(tokens) - tokens[::-1].index(ANSWER_MARKER):]

@@ -1,0 +1,449 @@
+"""``synthetic`` and ``synthetic-grid``: length generalization on the tasks of Kazemnejad et al. (2023).
+
+``run(cfg)`` trains one GPT on one task with one position encoding:
+
+* sequences ``<bos> prompt <sep> target <eos>``, right-padded; the loss covers the target and ``<eos>``
+  only (``SyntheticLM`` overrides ``CausalLM.training_step`` and nothing else of the training);
+* every ``trainer.val_every_n_steps`` steps it greedy-decodes the in-distribution validation set and
+  keeps the weights with the best exact match (the first best, as the reference's HF Trainer);
+* with those weights it greedy-decodes the validation (ID) and test (OOD) examples and reports exact
+  match per length bucket.
+
+Decoding is batched greedy by full forwards (the model has no KV cache). Prompts are right-padded:
+a causal model's positions 0..t never see the padding after them, and every PE (absolute ones and
+NoPE's implicit position counting included) sees positions exactly as in training, which left padding
+would shift.
+
+Logged on the run: ``val/id_acc`` during training; ``synthetic/{task}/{pe}/id_acc``, ``.../ood_acc``
+and ``.../len{L}/acc`` per bucket; ``results.json``, ``per_length_acc.png`` and (``log_model``)
+``model.safetensors`` of the selected weights.
+
+``run_grid(cfg)`` runs tasks x PEs x seeds as children of one parent run, then logs on the parent the
+OOD table (task x PE, mean over seeds), the PEs' mean reciprocal rank over (task, seed) with ties
+averaged, per-length curves per task and the attention analysis (``synthetic/analysis.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader
+from torchmetrics import MeanMetric
+
+from nope_lightning import tracking
+from nope_lightning.config import ModelConfig, TrainerConfig
+from nope_lightning.model import GPT
+from nope_lightning.stages.lm import CausalLM, lm_loss
+from nope_lightning.synthetic import Example, Vocabulary, analysis, exact_match, length_bucket, make_split
+from nope_lightning.synthetic.config import PAPER_NAMES, SyntheticConfig, SyntheticGridConfig
+
+IGNORE = -100  # F.cross_entropy's ignore_index: labels of non-target positions
+N_ERRORS = 5  # wrong OOD predictions kept in results.json, for a look at how a model fails
+
+# --- data ---------------------------------------------------------------------------------------------
+
+
+def pad_batch(encoded: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad ``(input_ids, loss_mask)`` pairs (``Vocabulary.encode``) into a training batch.
+
+    Returns ids (B, T+1) and labels (B, T): ``labels[:, t]`` is ``ids[:, t+1]`` where that token is a
+    target token (or the final ``<eos>``), else ``IGNORE`` — prompt and padding carry no loss.
+    """
+    width = max(len(ids) for ids, _ in encoded)
+    ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(encoded), width - 1), IGNORE, dtype=torch.long)
+    for row, (seq, mask) in enumerate(encoded):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        target = torch.tensor(mask[1:], dtype=torch.bool)
+        labels[row, : len(seq) - 1] = torch.where(target, torch.tensor(seq[1:]), IGNORE)
+    return ids, labels
+
+
+class SyntheticData(LightningDataModule):
+    """One task's splits (deterministic in ``cfg.seed``) and vocabulary.
+
+    Training batches are ``pad_batch`` tensors; evaluation batches are indices (B,) into ``valid``
+    (validation) or ``evaluation`` (test: valid + test sorted by size, so a batch pads little), which
+    the module decodes — examples are frozen dataclasses, which Lightning cannot move between devices.
+    """
+
+    def __init__(self, cfg: SyntheticConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.vocab = Vocabulary.for_task(cfg.task)
+        split = functools.partial(make_split, cfg.task, seed=cfg.seed, scratchpad=cfg.scratchpad,
+                                  train_max_len=cfg.max_lens[0], test_max_len=cfg.max_lens[1])
+        self.train = split("train", n=cfg.n_train)
+        self.valid = split("valid", n=cfg.n_valid)
+        self.test = split("test", n=cfg.n_test)
+        self.encoded = [self.vocab.encode(example) for example in self.train]
+        self.evaluation = sorted(self.valid + self.test, key=lambda e: len(e.prompt) + len(e.target))
+
+    def longest_sequence(self, examples: Sequence[Example]) -> int:
+        """Tokens of the longest ``<bos> prompt <sep> target <eos>`` among ``examples``."""
+        return max(len(e.prompt) + len(e.target) + 3 for e in examples)
+
+    def train_dataloader(self) -> DataLoader:
+        generator = torch.Generator().manual_seed(self.cfg.seed)
+        return DataLoader(self.encoded, batch_size=self.cfg.batch_size, shuffle=True, generator=generator,
+                          collate_fn=functools.partial(pad_batch, pad_id=self.vocab.pad_id))
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(range(len(self.valid)), batch_size=self.cfg.eval.batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(range(len(self.evaluation)), batch_size=self.cfg.eval.batch_size)
+
+
+def check_fits(data: SyntheticData, model: ModelConfig, extra_new_tokens: int) -> None:
+    """Fail before training when the longest decode would exceed ``model.max_positions``."""
+    needed = data.longest_sequence(data.train + data.evaluation) + extra_new_tokens
+    if needed > model.max_positions:
+        raise ValueError(f"model.max_positions={model.max_positions} is too small: the longest sequence "
+                         f"(and decode budget) needs {needed} positions")
+
+
+# --- decoding and scoring ----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def greedy_decode(model: torch.nn.Module, prompts: Sequence[list[int]], max_new_tokens: int, *,
+                  eos_id: int, pad_id: int, vocab_size: int, device: torch.device | str = "cpu") -> list[list[int]]:
+    """Greedy continuation of each prompt by full forwards: ids generated, ``<eos>`` included if reached.
+
+    ``model`` maps ids (B, T) to logits (B, T, V >= vocab_size); only the first ``vocab_size`` logits
+    compete (the rest is litgpt's padding of the embedding table). Prompts are right-padded and each row
+    reads its own last position; a row stops at ``<eos>`` or after ``max_new_tokens`` tokens.
+    """
+    batch = len(prompts)
+    start = torch.tensor([len(p) for p in prompts], device=device)
+    ids = torch.full((batch, int(start.max()) + max_new_tokens), pad_id, dtype=torch.long, device=device)
+    for row, prompt in enumerate(prompts):
+        ids[row, : len(prompt)] = torch.tensor(prompt, device=device)
+    end = start.clone()  # next position to write, per row
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    rows = torch.arange(batch, device=device)
+    for _ in range(max_new_tokens):
+        logits = model(ids[:, : int(end.max())])[rows, end - 1, :vocab_size]
+        token = torch.where(done, pad_id, logits.argmax(-1))
+        ids[rows, end] = token  # a finished row writes padding after its <eos>, which nothing reads
+        end += (~done).long()
+        done |= token == eos_id
+        if bool(done.all()):
+            break
+    return [ids[row, s:e].tolist() for row, (s, e) in enumerate(zip(start.tolist(), end.tolist(), strict=True))]
+
+
+def score(vocab: Vocabulary, examples: Sequence[Example], generated: Sequence[list[int]]) -> list[bool]:
+    """Exact match of each generated continuation's final answer (see ``synthetic.exact_match``).
+
+    The prompt goes in front, so the answer starts after the prompt's ``<sep>`` even when the model
+    generates a ``<sep>`` of its own.
+    """
+    return [exact_match(vocab.decode(vocab.encode_prompt(example) + ids), example)
+            for example, ids in zip(examples, generated, strict=True)]
+
+
+class SyntheticLM(CausalLM):
+    """``CausalLM`` with the loss on target tokens, greedy exact-match validation and best-weight tracking.
+
+    ``best_state`` holds a CPU copy of the weights with the best validation exact match (strictly
+    better only, so the earliest of equal ones); ``predictions`` maps ``evaluation`` indices to ids
+    generated in ``trainer.test``.
+    """
+
+    def __init__(self, model: GPT, cfg: SyntheticConfig, data: SyntheticData) -> None:
+        super().__init__(model, cfg.optim, cfg.trainer.max_steps, cfg.trainer.compile)
+        self.vocab, self.eval_cfg = data.vocab, cfg.eval
+        self.valid, self.evaluation = data.valid, data.evaluation
+        self.val_acc = MeanMetric()
+        self.best_acc, self.best_step = -1.0, 0
+        self.best_state: dict[str, torch.Tensor] | None = None
+        self.predictions: dict[int, list[int]] = {}
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        ids, labels = batch
+        loss = lm_loss(self(ids[:, :-1]), labels)  # mean over target tokens (IGNORE skipped)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        return loss
+
+    def generate(self, examples: Sequence[Example]) -> list[list[int]]:
+        """Greedy outputs for ``examples``, up to the longest gold target + ``<eos>`` + the extra budget."""
+        budget = max(len(e.target) for e in examples) + 1 + self.eval_cfg.extra_new_tokens
+        # The uncompiled model: decoding changes the sequence length at every step.
+        return greedy_decode(self.model, [self.vocab.encode_prompt(e) for e in examples], budget,
+                             eos_id=self.vocab.eos_id, pad_id=self.vocab.pad_id, vocab_size=len(self.vocab),
+                             device=self.device)
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        examples = [self.valid[i] for i in batch.tolist()]
+        correct = score(self.vocab, examples, self.generate(examples))
+        self.val_acc.update(torch.tensor(correct, dtype=torch.float32, device=self.device))
+
+    def on_validation_epoch_end(self) -> None:
+        acc = float(self.val_acc.compute())
+        self.val_acc.reset()
+        self.log("val/id_acc", acc, prog_bar=True)
+        if acc > self.best_acc:
+            self.best_acc, self.best_step = acc, self.global_step
+            self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def test_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        indices = batch.tolist()
+        self.predictions.update(zip(indices, self.generate([self.evaluation[i] for i in indices]), strict=True))
+
+    def restore_best(self) -> None:
+        assert self.best_state is not None, "no validation ran: build_trainer always validates at the end"
+        self.model.load_state_dict(self.best_state)
+
+
+# --- one run ------------------------------------------------------------------------------------------
+
+
+def bucket_accuracies(examples: Sequence[Example], correct: Sequence[bool], train_max: int,
+                      width: int) -> list[dict[str, Any]]:
+    """Exact match per length bucket: ``{"bucket", "split" ("id"/"ood"), "n", "acc"}``, by length."""
+    groups: dict[str, list[bool]] = defaultdict(list)
+    for example, ok in zip(examples, correct, strict=True):
+        groups[length_bucket(example.length, width)].append(ok)
+    return [{"bucket": label, "split": "ood" if analysis.bucket_start(label) > train_max else "id",
+             "n": len(oks), "acc": float(np.mean(oks))}
+            for label, oks in sorted(groups.items(), key=lambda item: analysis.bucket_start(item[0]))]
+
+
+def failures(vocab: Vocabulary, examples: Sequence[Example], generated: Sequence[list[int]],
+             correct: Sequence[bool], train_max: int) -> list[dict[str, Any]]:
+    """The first ``N_ERRORS`` wrong OOD predictions as readable strings."""
+    wrong = [(e, ids) for e, ids, ok in zip(examples, generated, correct, strict=True)
+             if not ok and e.length > train_max]
+    return [{"length": e.length, "prompt": " ".join(e.prompt), "target": " ".join(e.target),
+             "prediction": " ".join(vocab.decode(ids))} for e, ids in wrong[:N_ERRORS]]
+
+
+class Trained(NamedTuple):
+    """What one run leaves for the grid: its results, the selected model (on CPU) and its data."""
+
+    result: dict[str, Any]
+    model: GPT
+    data: SyntheticData
+
+
+def train_and_evaluate(cfg: SyntheticConfig) -> Trained:
+    """Train, select on ID validation, decode ID + OOD, log everything to a new MLflow run."""
+    from lightning.pytorch import seed_everything
+
+    from nope_lightning.model import count_parameters
+    from nope_lightning.run import build_trainer, check_strategy
+
+    check_strategy(cfg.trainer)
+    data = SyntheticData(cfg)
+    check_fits(data, cfg.model, cfg.eval.extra_new_tokens)
+    seed_everything(cfg.seed, verbose=False)
+    # Same seed, same initial weights for every PE: the PE-specific tables are created last.
+    model = GPT(cfg.model, len(data.vocab), train_len=data.longest_sequence(data.train))
+    module = SyntheticLM(model, cfg, data)
+    logger = tracking.lightning_logger(cfg.tracking, "synthetic", cfg.run_name)
+    tracking.log_config(cfg.tracking, logger.run_id, cfg)
+    trainer = build_trainer(cfg.trainer, logger=logger, grad_clip=cfg.optim.grad_clip, enable_checkpointing=False)
+
+    started = time.perf_counter()
+    trainer.fit(module, datamodule=data)
+    trained = time.perf_counter()
+    module.restore_best()
+    trainer.test(module, datamodule=data, verbose=False)
+    evaluated = time.perf_counter()
+
+    generated = [module.predictions[i] for i in range(len(data.evaluation))]
+    correct = score(data.vocab, data.evaluation, generated)
+    ood = [e.length > cfg.train_max for e in data.evaluation]
+    result = {
+        "run_id": logger.run_id, "task": cfg.task, "pos_encoding": cfg.pos_encoding, "seed": cfg.seed,
+        "scratchpad": cfg.scratchpad, "train_max_len": cfg.train_max,
+        "test_max_len": max(e.length for e in data.test),
+        "id_acc": float(np.mean([ok for ok, o in zip(correct, ood, strict=True) if not o])),
+        "ood_acc": float(np.mean([ok for ok, o in zip(correct, ood, strict=True) if o])),
+        "best_val_acc": module.best_acc, "best_step": module.best_step, "steps": trainer.global_step,
+        "train_seconds": round(trained - started, 1), "eval_seconds": round(evaluated - trained, 1),
+        "parameters": count_parameters(model),
+        "buckets": bucket_accuracies(data.evaluation, correct, cfg.train_max, cfg.eval.bucket_width),
+        "errors": failures(data.vocab, data.evaluation, generated, correct, cfg.train_max),
+    }
+    log_run(cfg, result, model)
+    return Trained(result, model, data)
+
+
+def metric_prefix(task: str, pos_encoding: str) -> str:
+    return f"synthetic/{task}/{pos_encoding}"
+
+
+def log_run(cfg: SyntheticConfig, result: dict[str, Any], model: GPT) -> None:
+    """Final metrics, ``results.json``, ``per_length_acc.png`` and the selected weights on the run."""
+    run_id, prefix = result["run_id"], metric_prefix(cfg.task, cfg.pos_encoding)
+    metrics = {f"{prefix}/id_acc": result["id_acc"], f"{prefix}/ood_acc": result["ood_acc"],
+               "model/parameters": result["parameters"],
+               **{f"{prefix}/len{b['bucket']}/acc": b["acc"] for b in result["buckets"]}}
+    tracking.log_metrics(cfg.tracking, run_id, metrics, step=result["steps"])
+    tracking.log_json(cfg.tracking, run_id, result, "results.json")
+    curve = {analysis.bucket_start(b["bucket"]): b["acc"] for b in result["buckets"]}
+    title = f"{cfg.task}: {PAPER_NAMES.get(cfg.pos_encoding, cfg.pos_encoding)}, seed {cfg.seed}"
+    tracking.log_figure(cfg.tracking, run_id, analysis.plot_curves({cfg.pos_encoding: curve}, cfg.train_max,
+                                                                   title, "exact match"), "per_length_acc.png")
+    if cfg.log_model:
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model.safetensors"
+            save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(path))
+            tracking.client(cfg.tracking).log_artifact(run_id, str(path))
+
+
+def run(cfg: SyntheticConfig) -> dict[str, Any]:
+    """The ``synthetic`` stage: one (task, PE, seed); returns ``results.json``'s content."""
+    return train_and_evaluate(cfg).result
+
+
+# --- the grid -----------------------------------------------------------------------------------------
+
+
+def analysis_device(cfg: TrainerConfig) -> torch.device:
+    """Where the attention analysis runs: the GPU when the runs trained on one, else the CPU."""
+    gpu = cfg.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+    return torch.device("cuda" if gpu else "cpu")
+
+
+def analysis_sequences(data: SyntheticData, per_length: int, train_max: int) -> list[analysis.AnalysisSequence]:
+    """The first ``per_length`` examples of every length: ID ones from valid, OOD ones from test."""
+    taken: dict[int, int] = defaultdict(int)
+    sequences = []
+    for example in data.valid + data.test:
+        if taken[example.length] < per_length:
+            taken[example.length] += 1
+            ids, _ = data.vocab.encode(example)
+            sequences.append(analysis.AnalysisSequence(example.length, torch.tensor(ids),
+                                                       len(data.vocab.encode_prompt(example)) - 1,
+                                                       example.length > train_max))
+    return sorted(sequences, key=lambda s: s.length)
+
+
+def analyse_cell(runs: dict[str, Trained], grid: SyntheticGridConfig) -> analysis.AttentionReport:
+    """Attention of every PE of one (task, seed) against its NoPE model."""
+    device = analysis_device(grid.base.trainer)
+    models = {pe: trained.model.to(device) for pe, trained in runs.items()}
+    data = runs["nope"].data
+    sequences = analysis_sequences(data, grid.attention_examples_per_length, data.cfg.train_max)
+    report = analysis.analyse_attention(models, sequences, reference="nope", bins=grid.distance_bins)
+    for model in models.values():
+        model.cpu()
+    return report
+
+
+class GridSummary(NamedTuple):
+    """Per task and PE, one value per seed: OOD and ID exact match, and per-length accuracy curves."""
+
+    ood: dict[str, dict[str, list[float]]]
+    id: dict[str, dict[str, list[float]]]
+    curves: dict[str, dict[str, dict[int, list[float]]]]
+
+
+def summarise(results: Sequence[dict[str, Any]]) -> GridSummary:
+    ood: dict = defaultdict(lambda: defaultdict(list))
+    ids: dict = defaultdict(lambda: defaultdict(list))
+    curves: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for r in results:
+        ood[r["task"]][r["pos_encoding"]].append(r["ood_acc"])
+        ids[r["task"]][r["pos_encoding"]].append(r["id_acc"])
+        for b in r["buckets"]:
+            curves[r["task"]][r["pos_encoding"]][analysis.bucket_start(b["bucket"])].append(b["acc"])
+    return GridSummary(ood, ids, curves)
+
+
+def grid_mrr(results: Sequence[dict[str, Any]], pes: Sequence[str]) -> dict[str, float]:
+    """MRR of the PEs by OOD accuracy over (task, seed) queries, ties averaged."""
+    by_cell = {(r["task"], r["seed"], r["pos_encoding"]): r["ood_acc"] for r in results}
+    queries = sorted({(task, seed) for task, seed, _ in by_cell})
+    return analysis.mrr_with_ties({pe: [by_cell[(task, seed, pe)] for task, seed in queries] for pe in pes})
+
+
+def log_grid(grid: SyntheticGridConfig, parent: str, results: list[dict[str, Any]],
+             reports: dict[tuple[str, int], analysis.AttentionReport]) -> dict[str, Any]:
+    """Tables, MRR, per-length curves and attention plots on the parent run; returns the summary."""
+    track, pes = grid.base.tracking, grid.pos_encodings
+    summary, mrr = summarise(results), grid_mrr(results, pes)
+    tables = {"ood": analysis.markdown_table(summary.ood, pes, PAPER_NAMES, mrr),
+              "id": analysis.markdown_table(summary.id, pes, PAPER_NAMES)}
+    mean_ood = {task: {pe: float(np.mean(v)) for pe, v in row.items()} for task, row in summary.ood.items()}
+    metrics = {f"mrr/{pe}": value for pe, value in mrr.items()}
+    for task, pe in itertools.product(grid.tasks, pes):
+        metrics[f"{metric_prefix(task, pe)}/ood_acc"] = mean_ood[task][pe]
+        metrics[f"{metric_prefix(task, pe)}/id_acc"] = float(np.mean(summary.id[task][pe]))
+    tracking.log_metrics(track, parent, metrics)
+    tracking.log_text(track, parent, "## OOD exact match\n\n" + tables["ood"] + "\n## ID exact match\n\n"
+                      + tables["id"], "ood_table.md")
+    tracking.log_figure(track, parent, analysis.plot_ood_table(mean_ood, pes, PAPER_NAMES, mrr), "ood_table.png")
+    train_max = {r["task"]: r["train_max_len"] for r in results}
+    attention = log_attention(grid, parent, reports, train_max)
+    for task in grid.tasks:
+        curves = {PAPER_NAMES.get(pe, pe): {x: float(np.mean(v)) for x, v in summary.curves[task][pe].items()}
+                  for pe in pes}
+        tracking.log_figure(track, parent, analysis.plot_curves(curves, train_max[task], f"{task} (mean over seeds)",
+                                                                "exact match"), f"per_length/{task}.png")
+    out = {"parent_run_id": parent, "mrr": mrr, "ood": mean_ood, "tables": tables, "attention": attention,
+           "runs": [{k: v for k, v in r.items() if k != "errors"} for r in results]}
+    tracking.log_json(track, parent, out, "results.json")
+    return out
+
+
+def log_attention(grid: SyntheticGridConfig, parent: str, reports: dict[tuple[str, int], analysis.AttentionReport],
+                  train_max: dict[str, int]) -> dict[str, Any]:
+    """Per task: JSD-to-NoPE vs length (mean over seeds) and attended-distance histograms (summed)."""
+    out: dict[str, Any] = {}
+    for task in grid.tasks:
+        cells = [report for (t, _), report in reports.items() if t == task]
+        if not cells:
+            continue
+        jsd = {PAPER_NAMES.get(pe, pe): {length: float(np.mean([c.jsd[pe][length] for c in cells]))
+                                         for length in cells[0].jsd[pe]}
+               for pe in cells[0].jsd}
+        hist = {PAPER_NAMES.get(pe, pe): sum(c.hist[pe] for c in cells) for pe in cells[0].hist}
+        track = grid.base.tracking
+        tracking.log_figure(track, parent, analysis.plot_curves(
+            jsd, train_max[task], f"{task}: min-head JSD to NoPE (nats, mean over layers)", "JSD (nats)"),
+            f"attention/jsd_{task}.png")
+        tracking.log_figure(track, parent, analysis.plot_distance_hist(
+            hist, cells[0].edges, f"{task}: attended distance, OOD output queries"),
+            f"attention/distance_{task}.png")
+        out[task] = {"jsd": jsd, "hist": {pe: counts.tolist() for pe, counts in hist.items()},
+                     "edges": cells[0].edges.tolist()}
+    return out
+
+
+def run_grid(cfg: SyntheticGridConfig) -> dict[str, Any]:
+    """The ``synthetic-grid`` stage: every (task, PE, seed) as a child run, then the aggregate."""
+    track = cfg.base.tracking
+    parent = tracking.create_run(track, "synthetic-grid", cfg.run_name, cfg)
+    try:
+        results: list[dict[str, Any]] = []
+        reports: dict[tuple[str, int], analysis.AttentionReport] = {}
+        # One (task, seed) at a time, so only its PEs' models are held for the attention analysis.
+        for (task, seed), cells in itertools.groupby(cfg.cells(parent), key=lambda c: (c.task, c.seed)):
+            runs = {cell.pos_encoding: train_and_evaluate(cell) for cell in cells}
+            results += [trained.result for trained in runs.values()]
+            if cfg.attention_examples_per_length:
+                reports[(task, seed)] = analyse_cell(runs, cfg)
+        summary = log_grid(cfg, parent, results, reports)
+    except BaseException:
+        tracking.end_run(track, parent, "FAILED")
+        raise
+    tracking.end_run(track, parent)
+    return summary

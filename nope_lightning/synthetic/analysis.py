@@ -1,0 +1,235 @@
+"""Analysis of the synthetic grid: PE ranking, attention similarity to NoPE, attended distance, and plots.
+
+* ``mrr_with_ties`` — mean reciprocal rank of the PEs over queries ((task, seed) pairs), tied scores
+  sharing their average rank (the reference breaks ties by row order, which favours whichever PE comes
+  first; averaging does not).
+* ``jsd`` / ``min_head_jsd`` — the textbook Jensen–Shannon divergence in nats (natural log, so
+  0 <= JSD <= ln 2) between attention rows; per layer, the minimum over *all* head pairs (PE head i,
+  NoPE head j) of the mean over query rows. The reference computes KL in the reverse direction and only
+  over pairs i < j; we fix both, as the anchor note recommends.
+* ``attended_distances`` / ``attended_distance_hist`` — the reference's normalised attended distance
+  ``(i - argmax_j a[i, j]) / (i + 1)`` for 0-based query i (divided by the i + 1 keys it can see), in
+  [0, 1): 0 is the query itself, values near 1 the start of the sequence.
+
+Attention maps come from a teacher-forced forward over the whole ``<bos> prompt <sep> target <eos>``
+sequence (as the reference's analyzers), one example at a time, so no padding enters a row.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from nope_lightning.model import GPT
+from nope_lightning.model.probes import attention_logits, attention_probe
+
+# --- ranking ----------------------------------------------------------------------------------------
+
+
+def mrr_with_ties(scores: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Mean reciprocal rank of each method; ``scores[method][q]`` is its score on query q (higher wins).
+
+    On each query the methods are ranked 1..n and tied methods all get the mean of the ranks they span
+    (pandas' ``rank(method="average")``): two methods tied for first both get rank 1.5, i.e. 1/1.5.
+    A method's MRR is the mean over queries of 1/rank.
+    """
+    names = list(scores)
+    table = np.asarray([scores[name] for name in names], dtype=float)  # (methods, queries)
+    if table.ndim != 2 or table.shape[1] == 0:
+        raise ValueError("every method needs one score per query, and at least one query")
+    if np.isnan(table).any():
+        raise ValueError("scores contain NaN")
+    # [i, j, q] compares method j with method i on query q.
+    higher = (table[None, :, :] > table[:, None, :]).sum(axis=1)
+    tied = (table[None, :, :] == table[:, None, :]).sum(axis=1)  # includes the method itself
+    rank = higher + (tied + 1) / 2
+    return {name: float(np.mean(1.0 / rank[i])) for i, name in enumerate(names)}
+
+
+# --- attention divergence -----------------------------------------------------------------------------
+
+
+def _kl(p: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    # xlogy(0, .) = 0 gives 0 log 0 = 0 on masked (future) keys without 0/0.
+    return (torch.xlogy(p, p) - torch.xlogy(p, m)).sum(-1)
+
+
+def jsd(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Jensen–Shannon divergence in nats between distributions on the last dim (broadcasting).
+
+    ``JSD(p, q) = KL(p || m) / 2 + KL(q || m) / 2`` with ``m = (p + q) / 2``: symmetric, 0 iff p = q,
+    at most ln 2. Returns shape ``broadcast(p, q).shape[:-1]``, float32 or wider.
+    """
+    p, q = p.float(), q.float()
+    m = (p + q) / 2
+    return ((_kl(p, m) + _kl(q, m)) / 2).clamp(min=0.0)  # clamp: rounding can give -1e-8
+
+
+def min_head_jsd(probs: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Per layer, the minimum over all head pairs of the mean over query rows of JSD (nats).
+
+    ``probs`` (L, H, T, T) and ``reference`` (L, H', T, T) are causal attention probabilities of the
+    same sequence; head i of ``probs`` is compared with every head j of ``reference``. Returns (L,).
+    """
+    pairs = jsd(probs[:, :, None], reference[:, None])  # (L, H, H', T)
+    return pairs.mean(-1).flatten(1).min(-1).values
+
+
+@torch.no_grad()
+def attention_maps(model: GPT, ids: torch.Tensor) -> torch.Tensor:
+    """Attention probabilities of every layer for one sequence ``ids`` (T,): (L, H, T, T) float32, on CPU."""
+    maps: list[torch.Tensor] = []
+
+    def keep(layer: int, q_scaled: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> None:
+        maps.append(attention_logits(q_scaled, k, mask).softmax(-1)[0].cpu())
+
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    with attention_probe(model, keep):
+        model(ids[None].to(device))
+    model.train(was_training)
+    return torch.stack(maps)
+
+
+# --- attended distance -------------------------------------------------------------------------------
+
+
+def attended_distances(probs: torch.Tensor, query_start: int, query_end: int | None = None) -> torch.Tensor:
+    """Normalised attended distance ``(i - argmax_j a[i, j]) / (i + 1)`` of query rows i in
+    [query_start, query_end), for every leading index (layer, head): a flat float tensor in [0, 1).
+
+    ``probs`` (..., T, T) are causal attention probabilities (or logits: only the argmax matters).
+    """
+    T = probs.size(-1)
+    rows = torch.arange(query_start, T if query_end is None else query_end)
+    attended = probs[..., rows, :].argmax(-1)  # (..., Q)
+    return ((rows - attended) / (rows + 1)).flatten().float()
+
+
+def attended_distance_hist(probs: torch.Tensor, query_start: int, query_end: int | None = None,
+                           bins: int = 20) -> tuple[np.ndarray, np.ndarray]:
+    """Counts (bins,) and edges (bins + 1,) over [0, 1] of ``attended_distances``."""
+    distances = attended_distances(probs, query_start, query_end).numpy()
+    return np.histogram(distances, bins=bins, range=(0.0, 1.0))
+
+
+# --- one (task, seed): every PE against NoPE ---------------------------------------------------------
+
+
+class AnalysisSequence(NamedTuple):
+    """A teacher-forced sequence: its task length, ids (T,), first output query and whether it is OOD.
+
+    ``query_start`` is the ``<sep>`` position: queries from there to T-2 predict the target tokens.
+    """
+
+    length: int
+    ids: torch.Tensor
+    query_start: int
+    ood: bool
+
+
+@dataclass
+class AttentionReport:
+    """``jsd[pe][length]``: layer-mean min-head JSD to the reference, averaged over examples of that
+    length; ``hist[pe]``: attended-distance counts over OOD examples' output queries; ``edges``: bins."""
+
+    jsd: dict[str, dict[int, float]] = field(default_factory=dict)
+    hist: dict[str, np.ndarray] = field(default_factory=dict)
+    edges: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def analyse_attention(models: Mapping[str, GPT], sequences: Sequence[AnalysisSequence],
+                      reference: str = "nope", bins: int = 20) -> AttentionReport:
+    """JSD of every model's attention to ``models[reference]`` vs length, and attended-distance histograms."""
+    jsd_values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    report = AttentionReport(edges=np.linspace(0.0, 1.0, bins + 1))
+    report.hist = {name: np.zeros(bins, dtype=np.int64) for name in models}
+    for seq in sequences:
+        ref = attention_maps(models[reference], seq.ids)
+        for name, model in models.items():
+            maps = ref if name == reference else attention_maps(model, seq.ids)
+            if name != reference:
+                jsd_values[name][seq.length].append(float(min_head_jsd(maps, ref).mean()))
+            if seq.ood:
+                report.hist[name] += attended_distance_hist(maps, seq.query_start, len(seq.ids) - 1, bins)[0]
+    report.jsd = {name: {length: float(np.mean(v)) for length, v in sorted(per_length.items())}
+                  for name, per_length in jsd_values.items()}
+    return report
+
+
+# --- tables and plots -------------------------------------------------------------------------------
+
+
+def mean_std(values: Sequence[float]) -> str:
+    """``0.99`` for one value, ``0.99 ± 0.01`` (population std) for several."""
+    return f"{np.mean(values):.2f}" + (f" ± {np.std(values):.2f}" if len(values) > 1 else "")
+
+
+def markdown_table(values: Mapping[str, Mapping[str, Sequence[float]]], columns: Sequence[str],
+                   labels: Mapping[str, str], mrr: Mapping[str, float] | None = None) -> str:
+    """Rows ``values[row][column]`` (a value per seed) as ``mean ± std``, with an optional MRR row."""
+    header = ["task", *(labels.get(c, c) for c in columns)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join([row, *(mean_std(cells[c]) for c in columns)]) + " |"
+              for row, cells in values.items()]
+    if mrr is not None:
+        lines.append("| " + " | ".join(["**MRR**", *(f"{mrr[c]:.2f}" for c in columns)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def bucket_start(label: str) -> int:
+    """The first length of a bucket label (``"24"`` -> 24, ``"21-25"`` -> 21)."""
+    return int(label.split("-")[0])
+
+
+def _figure(width: float = 6.0, height: float = 4.0, ncols: int = 1, sharey: bool = False):
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplots(1, ncols, sharey=sharey)
+
+
+def plot_curves(curves: Mapping[str, Mapping[int, float]], train_max: int, title: str, ylabel: str):
+    """One line per name of ``curves[name][x]``, with the training maximum marked; returns a Figure."""
+    fig, ax = _figure()
+    for name, points in curves.items():
+        xs = sorted(points)
+        ax.plot(xs, [points[x] for x in xs], marker="o", markersize=3, label=name)
+    ax.axvline(train_max + 0.5, color="grey", linestyle="--", linewidth=1, label="train max")
+    ax.set(title=title, xlabel="length", ylabel=ylabel)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_ood_table(table: Mapping[str, Mapping[str, float]], columns: Sequence[str],
+                   labels: Mapping[str, str], mrr: Mapping[str, float]):
+    """Heatmap of mean OOD accuracy (task x PE) beside a bar chart of the MRR; returns a Figure."""
+    rows = list(table)
+    grid = np.array([[table[r][c] for c in columns] for r in rows])
+    names = [labels.get(c, c) for c in columns]
+    fig, (heat, bars) = _figure(11.0, 1.2 + 0.5 * len(rows), ncols=2)
+    heat.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    heat.set_xticks(range(len(columns)), names)
+    heat.set_yticks(range(len(rows)), rows)
+    for (i, j), value in np.ndenumerate(grid):
+        heat.text(j, i, f"{value:.2f}", ha="center", va="center", color="white" if value < 0.5 else "black")
+    heat.set_title("OOD exact match (mean over seeds)")
+    bars.bar(names, [mrr[c] for c in columns])
+    bars.set(title="MRR (ties averaged)", ylim=(0, 1))
+    return fig
+
+
+def plot_distance_hist(hist: Mapping[str, np.ndarray], edges: np.ndarray, title: str):
+    """Normalised attended-distance histograms, one panel per PE (fractions of queries); a Figure."""
+    fig, axes = _figure(2.6 * len(hist), 2.8, ncols=len(hist), sharey=True)
+    for ax, (name, counts) in zip(np.atleast_1d(axes), hist.items(), strict=True):
+        ax.bar(edges[:-1], counts / max(1, counts.sum()), width=np.diff(edges), align="edge")
+        ax.set(title=name, xlabel="(i - argmax j) / (i + 1)", xlim=(0, 1))
+    fig.suptitle(title)
+    return fig

@@ -1,0 +1,192 @@
+"""Configs of the synthetic length-generalization stages (Kazemnejad et al. 2023).
+
+``SyntheticConfig`` is one run (``nope-lightning run synthetic task=<name> pos_encoding=<pe>``): one task,
+one position encoding, one seed. ``SyntheticGridConfig`` is the study (``run synthetic-grid``): tasks x
+PEs x seeds, each cell a ``SyntheticConfig`` made from ``base``. The schema defaults are the ``small``
+CPU recipe (``conf/synthetic/small.yaml`` repeats them to document it), in the style of ``config.py``:
+every bad value raises ``ValueError`` naming its key before any compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass, field
+
+from nope_lightning.config import (
+    POS_ENCODINGS,
+    ModelConfig,
+    OptimConfig,
+    TrackingConfig,
+    TrainerConfig,
+    check_choice,
+    check_range,
+)
+from nope_lightning.synthetic.tasks import TASKS, get_task
+
+#: The paper's five PEs in our names: NoPE, T5's relative bias, ALiBi, Rotary and APE (sinusoidal, as
+#: the reference's ``abs_sinusoid``; ``learned`` is our other absolute variant, not in the paper's grid).
+PAPER_PES = ("nope", "t5", "alibi", "rope", "sinusoidal")
+PAPER_NAMES = {"nope": "NoPE", "t5": "T5", "alibi": "ALiBi", "rope": "Rotary", "sinusoidal": "APE",
+               "learned": "APE (learned)"}
+
+
+@dataclass
+class SyntheticEvalConfig:
+    """Greedy decoding and exact-match scoring.
+
+    ``batch_size``: examples decoded together (validation and test). Decoding stops at ``<eos>`` or after
+    the batch's longest gold target + ``<eos>`` + ``extra_new_tokens`` tokens; without a scratchpad a
+    longer output is wrong anyway, with one a model may write a longer (still valid) scratchpad, which
+    ``extra_new_tokens`` allows. ``bucket_width``: width of the length buckets of the per-length
+    accuracies (1: one bucket per length).
+    """
+
+    batch_size: int = 128
+    extra_new_tokens: int = 0
+    bucket_width: int = 1
+
+    def __post_init__(self) -> None:
+        check_range("eval.batch_size", self.batch_size, 1)
+        check_range("eval.extra_new_tokens", self.extra_new_tokens, 0)
+        check_range("eval.bucket_width", self.bucket_width, 1)
+
+
+def _small_model() -> ModelConfig:
+    return ModelConfig(n_layer=4, n_head=4, n_embd=64, intermediate_size=176, max_positions=512)
+
+
+def _small_optim() -> OptimConfig:
+    return OptimConfig(lr=2e-3, min_lr_ratio=0.1, warmup_steps=200, weight_decay=0.05)
+
+
+def _small_trainer() -> TrainerConfig:
+    return TrainerConfig(max_steps=3000, val_every_n_steps=500, val_batches=4, checkpoint_every_n_steps=0,
+                         log_every_n_steps=50, progress_bar=False)
+
+
+@dataclass
+class SyntheticConfig:
+    """``nope-lightning run synthetic``: train a GPT on one task with one PE, exact match per length.
+
+    - ``task``: a name in ``nope_lightning.synthetic.TASKS``; ``scratchpad``: one of the task's formats
+      (``none``, ``full``, ``minimal``, ``full_minus_<component>``).
+    - ``pos_encoding`` sets ``model.pos_encoding`` (the paper's APE is ``sinusoidal``); a different
+      ``model.pos_encoding`` is ignored, with a warning.
+    - ``train_max_len``/``test_max_len``: the task's own length measure (symbols, digits, ...); training
+      and validation use lengths up to ``train_max_len``, the test set ``train_max_len+1 .. test_max_len``.
+      0 keeps the task's default (copy/reverse 20 -> 40, arithmetic 8 -> 16, SCAN 25 -> 48).
+    - ``n_train``/``n_valid``/``n_test``: examples per split (valid: in-distribution, for checkpoint
+      selection; test: out of distribution, every length equally often).
+    - ``batch_size``: training sequences per step; ``eval``: decoding and scoring settings.
+    - ``log_model``: log the selected weights as the MLflow artifact ``model.safetensors``.
+    """
+
+    task: str = "copy_repeat"
+    pos_encoding: str = "nope"
+    scratchpad: str = "none"
+    seed: int = 0
+    n_train: int = 20_000
+    n_valid: int = 256
+    n_test: int = 400
+    train_max_len: int = 0
+    test_max_len: int = 0
+    batch_size: int = 32
+    name: str = ""
+    log_model: bool = True
+    model: ModelConfig = field(default_factory=_small_model)
+    optim: OptimConfig = field(default_factory=_small_optim)
+    trainer: TrainerConfig = field(default_factory=_small_trainer)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    eval: SyntheticEvalConfig = field(default_factory=SyntheticEvalConfig)
+
+    def __post_init__(self) -> None:
+        check_choice("task", self.task, tuple(TASKS))
+        check_choice("pos_encoding", self.pos_encoding, POS_ENCODINGS)
+        spec = get_task(self.task)
+        if self.scratchpad not in spec.scratchpads:
+            raise ValueError(f"scratchpad={self.scratchpad!r} is not supported by task {self.task!r}; "
+                             f"supported: {', '.join(spec.scratchpads)}")
+        for key in ("train_max_len", "test_max_len", "seed"):
+            check_range(key, getattr(self, key), 0)
+        for key in ("n_train", "n_valid", "n_test", "batch_size"):
+            check_range(key, getattr(self, key), 1)
+        spec.split_lengths("train", *self.max_lens)  # raises for test <= train and out-of-range lengths
+        spec.split_lengths("test", *self.max_lens)
+        if self.train_max % self.eval.bucket_width:
+            raise ValueError(f"eval.bucket_width={self.eval.bucket_width} must divide the training maximum "
+                             f"{self.train_max}, so that no length bucket mixes ID and OOD lengths")
+        self._apply_pos_encoding()
+
+    def _apply_pos_encoding(self) -> None:
+        default = ModelConfig.pos_encoding
+        if self.model.pos_encoding not in (default, self.pos_encoding):
+            warnings.warn(f"model.pos_encoding={self.model.pos_encoding} is ignored: the synthetic stage "
+                          f"uses pos_encoding={self.pos_encoding}", stacklevel=3)
+        # replace() re-runs ModelConfig's checks for the new PE (e.g. RoPE needs an even head size).
+        self.model = dataclasses.replace(self.model, pos_encoding=self.pos_encoding)
+
+    @property
+    def max_lens(self) -> tuple[int | None, int | None]:
+        """(train_max_len, test_max_len) as ``make_split`` takes them: None for the task's default."""
+        return self.train_max_len or None, self.test_max_len or None
+
+    @property
+    def train_max(self) -> int:
+        """The longest training length (the task's default when ``train_max_len`` is 0)."""
+        return self.train_max_len or get_task(self.task).train_lengths[-1]
+
+    @property
+    def run_name(self) -> str:
+        scratchpad = "" if self.scratchpad == "none" else f"-{self.scratchpad}"
+        return self.name or f"synthetic-{self.task}{scratchpad}-{self.pos_encoding}-s{self.seed}"
+
+    def cell(self, task: str, pos_encoding: str, seed: int, parent_run_id: str = "") -> SyntheticConfig:
+        """This config for another (task, PE, seed), nested under ``parent_run_id``; validated again."""
+        return dataclasses.replace(
+            self, task=task, pos_encoding=pos_encoding, seed=seed, name="",
+            model=dataclasses.replace(self.model, pos_encoding=pos_encoding),
+            tracking=dataclasses.replace(self.tracking, parent_run_id=parent_run_id))
+
+
+@dataclass
+class SyntheticGridConfig:
+    """``nope-lightning run synthetic-grid``: tasks x ``pos_encodings`` x ``seeds`` under one parent run.
+
+    Each cell is ``base`` with its task, PE and seed (``base.task``, ``base.pos_encoding``,
+    ``base.seed`` and ``base.name`` are replaced); ``base.tracking`` is the store of the parent and all
+    children. ``attention_examples_per_length``: examples per length (in-distribution from valid, OOD
+    from test) for the attention analysis of every PE against NoPE of the same seed (0: no analysis);
+    ``distance_bins``: bins of the attended-distance histogram.
+    """
+
+    base: SyntheticConfig = field(default_factory=SyntheticConfig)
+    tasks: list[str] = field(default_factory=lambda: ["copy_repeat", "reverse", "addition"])
+    pos_encodings: list[str] = field(default_factory=lambda: list(PAPER_PES))
+    seeds: list[int] = field(default_factory=lambda: [0])
+    attention_examples_per_length: int = 4
+    distance_bins: int = 20
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("tasks", "pos_encodings", "seeds"):
+            values = getattr(self, key)
+            if not values:
+                raise ValueError(f"{key} is empty")
+            if len(set(values)) != len(values):
+                raise ValueError(f"{key}={list(values)} has duplicates")
+        check_range("attention_examples_per_length", self.attention_examples_per_length, 0)
+        check_range("distance_bins", self.distance_bins, 1)
+        if self.attention_examples_per_length and "nope" not in self.pos_encodings:
+            raise ValueError("attention_examples_per_length > 0 compares every PE with NoPE: add nope to "
+                             "pos_encodings or set attention_examples_per_length=0")
+        self.cells()  # runs every cell's own checks (task names, PEs, lengths) before any compute
+
+    def cells(self, parent_run_id: str = "") -> list[SyntheticConfig]:
+        """Every (task, seed, PE) config, grouped so that one (task, seed)'s PEs are consecutive."""
+        return [self.base.cell(task, pe, seed, parent_run_id)
+                for task in self.tasks for seed in self.seeds for pe in self.pos_encodings]
+
+    @property
+    def run_name(self) -> str:
+        return self.name or f"synthetic-grid-{len(self.tasks)}x{len(self.pos_encodings)}x{len(self.seeds)}"
