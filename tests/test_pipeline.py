@@ -60,7 +60,7 @@ def test_tiny_pipeline_tracks_every_metric_and_artifact(full_run):
     text = report.read_text()
     for needle in ("Perplexity on `tiny`", "Passkey retrieval", "Uniform-scale search", "| rope+ntk |"):
         assert needle in text
-    assert {p.name for p in report.parent.glob("*.png")} >= {"position_curves.png", "passkey_heatmaps.png",
+    assert {p.name for p in report.parent.glob("*.png")} >= {"position_curves_nope.png", "passkey_heatmaps.png",
                                                              "lambda_fit.png"}
 
 

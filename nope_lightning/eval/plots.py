@@ -23,18 +23,20 @@ def position_curves(logppl: Mapping[str, tuple[Sequence[float], Sequence[float]]
     Each mapping is ``label -> (positions, values)``; the training length is marked by a dashed line and
     ``bound`` (positions, log i) is drawn as the entropy upper bound.
     """
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    colors = {label: plt.get_cmap("tab20")(i % 20) for i, label in enumerate({**logppl, **entropy})}
     for label, (x, y) in logppl.items():
-        top.plot(x, y, marker=".", label=label)
+        top.plot(x, y, marker=".", label=label, color=colors[label])
     for label, (x, y) in entropy.items():
-        bottom.plot(x, y, marker=".", label=label)
+        bottom.plot(x, y, marker=".", label=label, color=colors[label])
     if bound is not None:
         bottom.plot(*bound, color="gray", linestyle=":", label="log i (uniform attention)")
     for ax, ylabel in ((top, "log-PPL (nats/token)"), (bottom, "attention entropy (nats)")):
         ax.axvline(train_len, color="black", linestyle="--", linewidth=1)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     bottom.set_xlabel(f"position (train length {train_len} dashed)")
     top.set_title(title)
     fig.tight_layout()

@@ -71,6 +71,16 @@ def test_documents(loaded: LoadedModel, corpus: str, tokenizer) -> list[tuple[st
             for d, ids in zip(docs, encoded, strict=True)]
 
 
+def comparable_documents(corpus: str, arrays: list[np.ndarray], longest: int) -> list[np.ndarray]:
+    """The test documents long enough for the longest window: every length is then scored on the same
+    documents, so PPL differences across lengths come from context, not from a changing document mix."""
+    kept = [a for a in arrays if len(a) >= longest + 1]
+    if not kept:
+        raise ValueError(f"no test document of corpus {corpus!r} has {longest + 1} tokens (longest: "
+                         f"{max(map(len, arrays))}); lower eval_lengths or use a corpus with longer documents")
+    return kept
+
+
 class WindowData(LightningDataModule):
     """One test dataloader per stream, sharded by rank inside ``WindowDataset``."""
 
@@ -86,19 +96,14 @@ class WindowData(LightningDataModule):
 
 def plan_streams(cfg: EvaluateConfig, docs: dict[str, list[np.ndarray]], lengths: list[int],
                  stride: int) -> tuple[list[Stream], list[list]]:
-    """The evaluation streams and their windows; raises when a corpus has no document long enough."""
+    """The evaluation streams and their windows (every document already holds the longest window)."""
     streams, windows = [], []
     primary, longest = next(iter(docs)), max(lengths)
     for corpus, arrays in docs.items():
         doc_lengths = [len(a) for a in arrays]
         for length in lengths:
-            w = sliding_windows(doc_lengths, length, min(stride, length), cfg.ppl_tokens)
-            if not w:
-                raise ValueError(f"no test document of corpus {corpus!r} has {length + 1} tokens (longest: "
-                                 f"{max(doc_lengths)}); drop {length} from eval_lengths or use a corpus "
-                                 f"with longer documents")
             streams.append(Stream("ppl", corpus, length))
-            windows.append(w)
+            windows.append(sliding_windows(doc_lengths, length, min(stride, length), cfg.ppl_tokens))
         if cfg.position_windows:
             streams.append(Stream("position", corpus, longest))
             windows.append(tiled_windows(doc_lengths, longest, cfg.position_windows))
@@ -126,7 +131,8 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
     tokenizer = TextTokenizer.load(loaded.tokenizer_file)
     corpora = cfg.corpora or [loaded.config.data.corpus]
     named_docs = {corpus: test_documents(loaded, corpus, tokenizer) for corpus in corpora}
-    docs = {corpus: [a for _, a in named] for corpus, named in named_docs.items()}
+    docs = {corpus: comparable_documents(corpus, [a for _, a in named], max(lengths))
+            for corpus, named in named_docs.items()}
     streams, windows = plan_streams(cfg, docs, lengths, stride)
     # Build every prompt before any compute, so a length that cannot hold a prompt fails fast.
     keys = passkey_samples(tokenizer, passkey_lengths, cfg) if cfg.passkey_keys else []

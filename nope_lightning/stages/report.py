@@ -169,7 +169,11 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     if evals:
         train_len = next(iter(evals.values()))["train_len"]
         sections = [ppl_tables(evals), ablation_table(evals), passkey_table(evals), longctx_table(evals), *sections]
-        figures["position_curves.png"] = position_figure(evals, train_len)
+        # Fig 1/4: the NoPE family (plain, uniform lambda, HeadScale), then the position-encoding baselines.
+        nope_family = {m: r for m, r in evals.items() if m.startswith(("nope", "headscale"))}
+        baselines = {m: r for m, r in evals.items() if m not in nope_family or m == "nope"}
+        figures["position_curves_nope.png"] = position_figure(nope_family, train_len)
+        figures["position_curves_baselines.png"] = position_figure(baselines, train_len)
         figures["passkey_heatmaps.png"] = passkey_figure(evals)
     report_run = tracking.create_run(cfg.tracking, "report", f"report-{pipeline.info.run_name}", cfg)
     for name, fig in figures.items():
