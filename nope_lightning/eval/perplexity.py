@@ -102,7 +102,7 @@ class WindowEvaluator(LightningModule):
         stream, metric = self.streams[dataloader_idx], self.metrics[dataloader_idx]
         if stream.kind == "entropy":
             with attention_probe(self.model, lambda layer, q, k, mask: metric.update(
-                    layer, entropy=attention_entropy_from_qk(q, k, 1.0, self.entropy_chunk, _bias(mask)))):
+                    layer, entropy=attention_entropy_from_qk(q, k, 1.0, self.entropy_chunk, mask_bias(mask)))):
                 self.model(inputs)
             return
         logits = self.model(inputs)
@@ -115,7 +115,7 @@ class WindowEvaluator(LightningModule):
             self.results[stream.kind, stream.corpus, stream.length] = metric
 
 
-def _bias(mask: torch.Tensor | None):
+def mask_bias(mask: torch.Tensor | None):
     """The probe's additive (1, H, T, T) mask as ``attention_entropy_from_qk``'s bias callable."""
     if mask is None:
         return None

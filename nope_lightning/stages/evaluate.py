@@ -60,14 +60,15 @@ def extension_label(ext: ExtensionConfig) -> str:
 
 
 def test_documents(loaded: LoadedModel, corpus: str, tokenizer) -> list[tuple[str, np.ndarray]]:
-    """The test split of ``corpus`` (split as the model's data config splits), encoded with BOS/EOS."""
+    """``(text, token ids)`` of the test split of ``corpus`` (split as the model's data config splits); the ids
+    carry BOS/EOS."""
     from nope_lightning.data import load_documents, split_documents
 
     data = loaded.config.data
     docs = split_documents(load_documents(corpus, data.cache_path), data.val_fraction, data.test_fraction,
                            data.split_seed)["test"]
     encoded = tokenizer.encode_batch([d.text for d in docs])
-    return [(d.name, np.asarray([tokenizer.bos_id, *ids, tokenizer.eos_id], dtype=np.int64))
+    return [(d.text, np.asarray([tokenizer.bos_id, *ids, tokenizer.eos_id], dtype=np.int64))
             for d, ids in zip(docs, encoded, strict=True)]
 
 
@@ -136,7 +137,7 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
     streams, windows = plan_streams(cfg, docs, lengths, stride)
     # Build every prompt before any compute, so a length that cannot hold a prompt fails fast.
     keys = passkey_samples(tokenizer, passkey_lengths, cfg) if cfg.passkey_keys else []
-    texts = _texts(named_docs[corpora[0]], tokenizer)
+    texts = [text for text, _ in named_docs[corpora[0]]]
     tasks = long_context_samples(tokenizer, texts, passkey_lengths, cfg) if cfg.longctx_samples else {}
 
     evaluator = WindowEvaluator(model, streams, cfg.entropy_chunk)
@@ -164,10 +165,6 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
         log_plots(cfg, run_id, results, train_len)
     tracking.end_run(cfg.tracking, run_id)
     return {"run_id": run_id, **metrics}
-
-
-def _texts(named: list[tuple[str, np.ndarray]], tokenizer) -> list[str]:
-    return [tokenizer.decode(a[1:-1].tolist()) for _, a in named]
 
 
 def window_metrics(res: dict, corpora: list[str], lengths: list[int], cfg: EvaluateConfig,

@@ -25,7 +25,7 @@ from nope_lightning import tracking
 from nope_lightning.checkpoint import CONFIG, export_model, load_model, resolve_reference
 from nope_lightning.config import FinetuneConfig, PretrainConfig, RopeScalingConfig, load_config
 from nope_lightning.model import GPT
-from nope_lightning.stages.headscale import check_target_len, check_tokenizer, trained_state
+from nope_lightning.stages.lm import check_target_len, check_tokenizer, trained_state
 
 
 def check_rope_model(cfg: PretrainConfig, ref: str) -> None:

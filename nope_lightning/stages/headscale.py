@@ -44,10 +44,10 @@ import torch
 
 from nope_lightning import tracking
 from nope_lightning.checkpoint import LoadedModel, load_model
-from nope_lightning.config import HeadScaleConfig, OptimConfig, PretrainConfig
+from nope_lightning.config import HeadScaleConfig, OptimConfig
 from nope_lightning.model import GPT, count_parameters, set_head_scales
 from nope_lightning.model.attention import save_temperature_table
-from nope_lightning.stages.lm import CausalLM
+from nope_lightning.stages.lm import CausalLM, check_target_len, check_tokenizer, trained_state
 
 if TYPE_CHECKING:
     from nope_lightning.data import PreparedData
@@ -111,24 +111,6 @@ class HeadScaleLM(CausalLM):
 # --- checks and inputs --------------------------------------------------------------------------------
 
 
-def check_target_len(cfg: PretrainConfig, target_len: int) -> None:
-    """``target_len`` must extend the model (> train_len) and fit it (<= model.max_positions)."""
-    if target_len <= cfg.train_len:
-        raise ValueError(f"target_len={target_len} must exceed the model's train_len={cfg.train_len}: "
-                         f"length extension tunes for sequences longer than pre-training's")
-    if target_len > cfg.model.max_positions:
-        raise ValueError(f"target_len={target_len} exceeds the model's max_positions={cfg.model.max_positions}")
-
-
-def check_tokenizer(prepared: PreparedData, loaded: LoadedModel) -> None:
-    """The prepared data must be tokenized with the tokenizer the checkpoint was trained with."""
-    data_sha, model_sha = prepared.tokenizer.fingerprint, loaded.meta.get("tokenizer_sha256", "")
-    if data_sha != model_sha:
-        raise ValueError(f"wrong tokenizer: the prepared data {prepared.root} is tokenized with {data_sha[:12]}, "
-                         f"checkpoint {loaded.folder} was trained with {model_sha[:12] or 'an unknown one'}; "
-                         f"its corpus/vocab_size/cache must match the checkpoint's data config")
-
-
 def best_uniform_lambda(result: dict, fingerprint: str, target_len: int, ref: str) -> float:
     """The best uniform lambda at ``target_len`` of a scale-search ``result``, for the model ``fingerprint``."""
     if result.get("model_fingerprint") != fingerprint:
@@ -163,15 +145,6 @@ def validation_windows(prepared: PreparedData, length: int, count: int) -> torch
 
 
 # --- training -----------------------------------------------------------------------------------------
-
-
-def trained_state(trainer) -> dict[str, torch.Tensor]:
-    """The trained GPT's full state dict (keys without the ``model.`` prefix) on global rank 0, ``{}``
-    elsewhere. Every rank must call it: under FSDP this is where the shards are gathered."""
-    state = trainer.strategy.lightning_module_state_dict()
-    if not trainer.is_global_zero:
-        return {}
-    return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
 
 
 def default_name(cfg: HeadScaleConfig, loaded: LoadedModel) -> str:
@@ -266,7 +239,7 @@ def log_outputs(cfg: HeadScaleConfig, run_id: str, loaded: LoadedModel, prepared
 def converged_entropy(model: GPT, windows: torch.Tensor) -> torch.Tensor:
     """Attention entropy (nats) per head averaged over ``windows`` and the last 1/``CONVERGED_TAIL`` of their
     positions: (n_layer, n_head) float32. ``windows`` (N, T + 1) token ids; the inputs are ``[:, :-1]``."""
-    from nope_lightning.eval.perplexity import _bias
+    from nope_lightning.eval.perplexity import mask_bias
     from nope_lightning.metrics import attention_entropy_from_qk
     from nope_lightning.model.probes import attention_probe
 
@@ -275,7 +248,7 @@ def converged_entropy(model: GPT, windows: torch.Tensor) -> torch.Tensor:
 
     def accumulate(layer: int, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> None:
         # The probe's q already carries lambda and 1/sqrt(d): its softmax multiplier is 1.
-        sums[layer] += attention_entropy_from_qk(q, k, 1.0, ENTROPY_CHUNK, _bias(mask)).sum(0).double().cpu()
+        sums[layer] += attention_entropy_from_qk(q, k, 1.0, ENTROPY_CHUNK, mask_bias(mask)).sum(0).double().cpu()
 
     device = next(model.parameters()).device
     with attention_probe(model, accumulate):

@@ -8,13 +8,18 @@ Logged: ``train/loss`` (nats/token), ``train/lr``, ``val/len{T}/loss`` and ``val
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 
-from nope_lightning.config import OptimConfig
+from nope_lightning.config import OptimConfig, PretrainConfig
 from nope_lightning.model import GPT
+
+if TYPE_CHECKING:
+    from nope_lightning.checkpoint import LoadedModel
+    from nope_lightning.data import PreparedData
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -23,6 +28,36 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float
         return (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# --- checks and state shared by the stages that train a loaded model (headscale, finetune) ---------------
+
+
+def check_target_len(cfg: PretrainConfig, target_len: int) -> None:
+    """``target_len`` must extend the model (> train_len) and fit it (<= model.max_positions)."""
+    if target_len <= cfg.train_len:
+        raise ValueError(f"target_len={target_len} must exceed the model's train_len={cfg.train_len}: "
+                         f"length extension tunes for sequences longer than pre-training's")
+    if target_len > cfg.model.max_positions:
+        raise ValueError(f"target_len={target_len} exceeds the model's max_positions={cfg.model.max_positions}")
+
+
+def check_tokenizer(prepared: PreparedData, loaded: LoadedModel) -> None:
+    """The prepared data must be tokenized with the tokenizer the checkpoint was trained with."""
+    data_sha, model_sha = prepared.tokenizer.fingerprint, loaded.meta.get("tokenizer_sha256", "")
+    if data_sha != model_sha:
+        raise ValueError(f"wrong tokenizer: the prepared data {prepared.root} is tokenized with {data_sha[:12]}, "
+                         f"checkpoint {loaded.folder} was trained with {model_sha[:12] or 'an unknown one'}; "
+                         f"its corpus/vocab_size/cache must match the checkpoint's data config")
+
+
+def trained_state(trainer) -> dict[str, torch.Tensor]:
+    """The trained GPT's full state dict (keys without the ``model.`` prefix) on global rank 0, ``{}``
+    elsewhere. Every rank must call it: under FSDP this is where the shards are gathered."""
+    state = trainer.strategy.lightning_module_state_dict()
+    if not trainer.is_global_zero:
+        return {}
+    return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

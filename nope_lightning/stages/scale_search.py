@@ -22,6 +22,7 @@ from nope_lightning import tracking
 from nope_lightning.checkpoint import load_model
 from nope_lightning.config import EvaluateConfig, ExtensionConfig, ScaleSearchConfig, to_dict
 from nope_lightning.search import fit_log_scale, open_study, study_name
+from nope_lightning.stages.lm import check_target_len
 
 
 def trial_config(cfg: ScaleSearchConfig, lam: float, parent_run_id: str, number: int) -> EvaluateConfig:
@@ -52,12 +53,8 @@ def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
 
     loaded = load_model(cfg.checkpoint, cfg.tracking)
     train_len, fingerprint = loaded.config.train_len, loaded.fingerprint
-    bad = [n for n in cfg.target_lengths if n <= train_len]
-    if bad:
-        raise ValueError(f"target_lengths {bad} must exceed the model's train_len={train_len}")
-    if max(cfg.target_lengths) > loaded.model.cfg.max_positions:
-        raise ValueError(f"target length {max(cfg.target_lengths)} exceeds model.max_positions="
-                         f"{loaded.model.cfg.max_positions}")
+    for length in cfg.target_lengths:
+        check_target_len(loaded.config, length)
     lambdas = cfg.lambdas
     settings = {"model": fingerprint, "targets": sorted(cfg.target_lengths), "grid": lambdas, "sampler": cfg.sampler,
                 "stride": cfg.stride, "ppl_tokens": cfg.ppl_tokens, "buckets": cfg.position_buckets}

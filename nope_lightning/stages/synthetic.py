@@ -42,6 +42,7 @@ from torchmetrics import MeanMetric
 
 from nope_lightning import tracking
 from nope_lightning.config import ModelConfig, TrainerConfig
+from nope_lightning.eval.generate import greedy_decode
 from nope_lightning.model import GPT
 from nope_lightning.stages.lm import CausalLM, lm_loss
 from nope_lightning.synthetic import Example, Vocabulary, analysis, exact_match, length_bucket, make_split
@@ -114,34 +115,6 @@ def check_fits(data: SyntheticData, model: ModelConfig, extra_new_tokens: int) -
 
 
 # --- decoding and scoring ----------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def greedy_decode(model: torch.nn.Module, prompts: Sequence[list[int]], max_new_tokens: int, *,
-                  eos_id: int, pad_id: int, vocab_size: int, device: torch.device | str = "cpu") -> list[list[int]]:
-    """Greedy continuation of each prompt by full forwards: ids generated, ``<eos>`` included if reached.
-
-    ``model`` maps ids (B, T) to logits (B, T, V >= vocab_size); only the first ``vocab_size`` logits
-    compete (the rest is litgpt's padding of the embedding table). Prompts are right-padded and each row
-    reads its own last position; a row stops at ``<eos>`` or after ``max_new_tokens`` tokens.
-    """
-    batch = len(prompts)
-    start = torch.tensor([len(p) for p in prompts], device=device)
-    ids = torch.full((batch, int(start.max()) + max_new_tokens), pad_id, dtype=torch.long, device=device)
-    for row, prompt in enumerate(prompts):
-        ids[row, : len(prompt)] = torch.tensor(prompt, device=device)
-    end = start.clone()  # next position to write, per row
-    done = torch.zeros(batch, dtype=torch.bool, device=device)
-    rows = torch.arange(batch, device=device)
-    for _ in range(max_new_tokens):
-        logits = model(ids[:, : int(end.max())])[rows, end - 1, :vocab_size]
-        token = torch.where(done, pad_id, logits.argmax(-1))
-        ids[rows, end] = token  # a finished row writes padding after its <eos>, which nothing reads
-        end += (~done).long()
-        done |= token == eos_id
-        if bool(done.all()):
-            break
-    return [ids[row, s:e].tolist() for row, (s, e) in enumerate(zip(start.tolist(), end.tolist(), strict=True))]
 
 
 def score(vocab: Vocabulary, examples: Sequence[Example], generated: Sequence[list[int]]) -> list[bool]:
