@@ -8,6 +8,10 @@ the result equals the explicit ``softmax(lambda_h * q k^T / sqrt(d) + bias)`` an
 Position biases (ALiBi, T5) arrive as an additive float mask of shape (1, H, T, T) that already holds the
 causal -inf; ``mask=None`` means plain causal attention. A bias is added after the temperature: lambda
 scales content similarity only, which is what the papers' temperature acts on (NoPE has no bias).
+
+Incremental decoding: with a ``LayerCache`` attached (``GPT.kv_cache``) and ``input_pos`` given, each call
+writes its keys/values at their per-row positions and attends over cache slots 0..S-1, slot j holding
+position j of that row; the mask is then (B, 1 or H, T, S) with the causal -inf of each row's positions.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch.nn.functional as F
 from litgpt.config import Config
 from litgpt.model import Block as LitBlock
 from litgpt.model import CausalSelfAttention as LitAttention
+from litgpt.model import apply_rope
 from torch import nn
 
 #: probe(layer, q_scaled (B,H,T,d), k (B,H,T,d), mask (1,H,T,T) additive or None=causal)
@@ -43,6 +48,31 @@ def _flash_attn_func():
     return flash_attn_func
 
 
+class LayerCache:
+    """One layer's key/value buffers (B, n_query_groups, capacity, d), keys after RoPE, allocated at the
+    first write (whose batch size B they keep; ``reorder`` may change it)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def write(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v (B, G, T, d) at slots ``positions`` (B, T) of each row."""
+        if self.k is None:
+            shape = (k.size(0), k.size(1), self.capacity, k.size(3))
+            self.k = k.new_zeros(shape)
+            self.v = v.new_zeros(shape)
+        index = positions[:, None, :, None].expand(-1, k.size(1), -1, k.size(3))
+        self.k.scatter_(2, index, k.to(self.k.dtype))
+        self.v.scatter_(2, index, v.to(self.v.dtype))
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Keep rows ``rows`` (B',) of every buffer, in that order (beam search's parent beams)."""
+        if self.k is not None:
+            self.k, self.v = self.k[rows], self.v[rows]
+
+
 class Attention(LitAttention):
     """litgpt's ``CausalSelfAttention`` with ``head_scale`` (n_head,) temperatures and a backend switch.
 
@@ -55,15 +85,48 @@ class Attention(LitAttention):
         self.head_scale = nn.Parameter(torch.ones(config.n_head), requires_grad=False)
         self.backend = backend
         self.probe: Probe | None = None
+        self.cache: LayerCache | None = None
 
     def reset_parameters(self) -> None:
         # Needed for meta-device (FSDP) init: parameters are materialised only through this hook.
         with torch.no_grad():
             self.head_scale.fill_(1.0)
 
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None,
+                input_pos: torch.Tensor | None = None, input_pos_maxp1: int | None = None) -> torch.Tensor:
+        """x (B, T, C) -> (B, T, C). Without ``input_pos``: litgpt's full causal attention (no cache).
+
+        With ``input_pos`` (B, T), the positions of x's tokens, and ``self.cache`` attached: cos/sin are the
+        (1, S, d) tables of positions 0..S-1 and ``mask`` is the additive (B, 1|H, T, S) mask over the
+        cache, or None when T == S (a prefill from position 0: plain causal attention, as without a cache).
+        """
+        if input_pos is None:
+            return super().forward(x, cos, sin, mask)
+        if self.cache is None:
+            raise RuntimeError("input_pos needs a KV cache: decode inside `with model.kv_cache(...)`")
+        B, T, _ = x.shape
+        cfg, S = self.config, cos.size(1)
+        kv_size = cfg.n_query_groups * cfg.head_size
+        q, k, v = self.qkv(x).split((cfg.n_head * cfg.head_size, kv_size, kv_size), dim=-1)
+        q = q.view(B, T, cfg.n_head, cfg.head_size).transpose(1, 2)
+        k = k.view(B, T, cfg.n_query_groups, cfg.head_size).transpose(1, 2)
+        v = v.view(B, T, cfg.n_query_groups, cfg.head_size).transpose(1, 2)
+        if cfg.rope_n_elem:  # our models rotate all channels or none
+            cos_q, sin_q = cos[0][input_pos], sin[0][input_pos]  # (B, T, d)
+            q, k = apply_rope(q, cos_q, sin_q), apply_rope(k, cos_q, sin_q)
+        self.cache.write(input_pos, k, v)
+        k, v = self.cache.k[:, :, :S], self.cache.v[:, :, :S]
+        if cfg.n_query_groups != cfg.n_head:
+            k = k.repeat_interleave(cfg.n_head // cfg.n_query_groups, dim=1)
+            v = v.repeat_interleave(cfg.n_head // cfg.n_query_groups, dim=1)
+        y = self.scaled_dot_product_attention(q, k, v, mask)
+        return self.proj(y.reshape(B, T, cfg.n_head * cfg.head_size))
+
     def scaled_dot_product_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                      mask: torch.Tensor | None = None) -> torch.Tensor:
-        """q, k, v: (B, H, T, d) with k/v already repeated for GQA; returns (B, T, H, d)."""
+        """q (B, H, T, d), k, v (B, H, S, d) with k/v already repeated for GQA; returns (B, T, H, d).
+
+        ``mask=None`` needs S == T (square causal attention)."""
         scale = 1.0 / math.sqrt(self.config.head_size)
         q = q * self.head_scale.view(1, -1, 1, 1).to(q.dtype)
         if self.probe is not None:
@@ -81,7 +144,8 @@ class Attention(LitAttention):
         reason = ("flash-attn is not installed (pip install '.[flash]')" if fn is None
                   else "it needs a CUDA device" if not q.is_cuda
                   else "it needs fp16/bf16 activations" if q.dtype not in (torch.float16, torch.bfloat16)
-                  else "this position encoding uses an additive bias" if mask is not None else "")
+                  else "attention has an additive mask (a position bias, or a KV-cached decoding step)"
+                  if mask is not None else "")
         if reason:
             _warn_once(f"attention_backend=flash falls back to SDPA: {reason}")
             return None

@@ -9,13 +9,19 @@ Position encodings (``ModelConfig.pos_encoding``), each touching the smallest pi
   as in T5.
 * ``learned`` / ``sinusoidal`` — absolute position embeddings added to the token embeddings.
 
-Shapes: ``forward(idx (B, T) int64) -> logits (B, T, padded_vocab) float``. There is no KV cache: the
-evaluation code decodes by full forwards, which at our lengths is simpler and fast enough.
+Shapes: ``forward(idx (B, T) int64) -> logits (B, T, padded_vocab) float``. Incremental decoding with a
+KV cache works for every encoding but dynamic NTK: ``with model.kv_cache(capacity): model(prompt_ids,
+input_pos=zeros); model(next_ids, input_pos=positions)``, each row of the batch at its own position
+(right-padded prompts). Dynamic NTK's table follows the current length, so each new token changes every
+earlier position's hidden states in every layer: nothing computed before can be reused exactly (Hugging
+Face's cache keeps the stale keys; we decode it by full forwards, identical to the evaluation's forwards).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from litgpt.config import Config
@@ -23,7 +29,14 @@ from litgpt.model import RMSNorm
 from torch import nn
 
 from nope_lightning.config import ModelConfig
-from nope_lightning.model.attention import Attention, Block, alibi_slopes, load_temperature_table, t5_buckets
+from nope_lightning.model.attention import (
+    Attention,
+    Block,
+    LayerCache,
+    alibi_slopes,
+    load_temperature_table,
+    t5_buckets,
+)
 from nope_lightning.model.rope_scaling import rope_cos_sin, scaled_inv_freq
 
 
@@ -50,13 +63,14 @@ def litgpt_config(cfg: ModelConfig, vocab_size: int) -> Config:
     )
 
 
-def sinusoidal_table(seq_len: int, n_embd: int) -> torch.Tensor:
-    """Vaswani et al.'s fixed encoding (T, n_embd): sin on even, cos on odd channels, float32."""
-    pos = torch.arange(seq_len, dtype=torch.float64)[:, None]
-    freq = 10000.0 ** (-torch.arange(0, n_embd, 2, dtype=torch.float64) / n_embd)
-    table = torch.zeros(seq_len, n_embd, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(pos * freq)
-    table[:, 1::2] = torch.cos(pos * freq)
+def sinusoidal_table(positions: torch.Tensor, n_embd: int) -> torch.Tensor:
+    """Vaswani et al.'s fixed encoding of ``positions`` (...,) -> (..., n_embd): sin on even, cos on odd
+    channels, computed in float64, returned as float32 on the positions' device."""
+    pos = positions.to(torch.float64)[..., None]
+    freq = 10000.0 ** (-torch.arange(0, n_embd, 2, dtype=torch.float64, device=positions.device) / n_embd)
+    table = torch.zeros(*positions.shape, n_embd, dtype=torch.float64, device=positions.device)
+    table[..., 0::2] = torch.sin(pos * freq)
+    table[..., 1::2] = torch.cos(pos * freq)
     return table.float()
 
 
@@ -79,6 +93,7 @@ class GPT(nn.Module):
             self.rel_bias = nn.Embedding(cfg.t5_num_buckets, cfg.n_head)
         self.reset_parameters()
         set_head_scales(self, resolve_temperatures(cfg))
+        self._decode_tables: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def attention_layers(self) -> list[Attention]:
@@ -105,37 +120,84 @@ class GPT(nn.Module):
         cos, sin = rope_cos_sin(inv_freq, seq_len, factor, device)
         return cos[None], sin[None]
 
-    def attention_bias(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor | None:
-        """Additive (1, H, T, T) ALiBi/T5 bias with the causal -inf folded in; None for causal-only PEs."""
-        pe = self.cfg.pos_encoding
-        if pe not in ("alibi", "t5"):
-            return None
-        pos = torch.arange(seq_len, device=device)
-        distance = pos[:, None] - pos[None, :]  # i - j
-        if pe == "alibi":
-            slopes = alibi_slopes(self.cfg.n_head).to(device=device, dtype=torch.float32)
-            bias = -slopes[:, None, None] * distance.clamp(min=0)[None].float()
-        else:
-            buckets = t5_buckets(distance, self.cfg.t5_num_buckets, self.cfg.t5_max_distance)
-            bias = self.rel_bias(buckets).permute(2, 0, 1).float()
-        bias = bias.masked_fill(distance[None] < 0, float("-inf"))
-        return bias[None].to(dtype)
+    @property
+    def supports_kv_cache(self) -> bool:
+        """False when the RoPE table changes with the sequence length (dynamic NTK), see the module doc."""
+        scaling = self.cfg.rope_scaling
+        return not (self.cfg.pos_encoding == "rope" and scaling.method == "dynamic_ntk" and scaling.factor != 1.0)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx (B, T) token ids -> logits (B, T, padded_vocab)."""
-        seq_len = idx.size(1)
-        if seq_len > self.cfg.max_positions:
-            raise ValueError(f"sequence of {seq_len} tokens exceeds model.max_positions="
-                             f"{self.cfg.max_positions}")
+    def attention_bias(self, positions: torch.Tensor, n_keys: int, dtype: torch.dtype) -> torch.Tensor:
+        """Additive (B, H, T, n_keys) mask of queries at ``positions`` (B, T) over keys at 0..n_keys-1.
+
+        ALiBi ``-m_h (i - j)`` or the T5 bucket bias (zeros, one head broadcast, for other encodings), with
+        -inf where the key lies after the query.
+        """
+        pe = self.cfg.pos_encoding
+        distance = positions[..., None] - torch.arange(n_keys, device=positions.device)  # i - j, (B, T, S)
+        if pe == "alibi":
+            slopes = alibi_slopes(self.cfg.n_head).to(device=positions.device, dtype=torch.float32)
+            bias = -slopes[:, None, None] * distance.clamp(min=0)[:, None].float()
+        elif pe == "t5":
+            buckets = t5_buckets(distance, self.cfg.t5_num_buckets, self.cfg.t5_max_distance)
+            bias = self.rel_bias(buckets).permute(0, 3, 1, 2).float()
+        else:
+            bias = torch.zeros(distance.shape, device=positions.device)[:, None]
+        return bias.masked_fill(distance[:, None] < 0, float("-inf")).to(dtype)
+
+    @contextmanager
+    def kv_cache(self, capacity: int) -> Iterator[None]:
+        """Attach a KV cache of ``capacity`` positions inside the block (its batch size is the first call's);
+        always detaches."""
+        if not self.supports_kv_cache:
+            raise ValueError("dynamic NTK cannot use a KV cache (its RoPE table changes with the length); "
+                             "decode by full forwards")
+        if capacity > self.cfg.max_positions:
+            raise ValueError(f"KV cache of {capacity} positions exceeds model.max_positions={self.cfg.max_positions}")
+        # The RoPE tables do not depend on the length: computed once for the whole cache.
+        self._decode_tables = self.rope_tables(capacity, self.lm_head.weight.device)
+        for attn in self.attention_layers:
+            attn.cache = LayerCache(capacity)
+        try:
+            yield
+        finally:
+            self._decode_tables = None
+            for attn in self.attention_layers:
+                attn.cache = None
+
+    def reorder_cache(self, rows: torch.Tensor) -> None:
+        """Keep the cache rows ``rows`` (B',), in that order (beam search)."""
+        for attn in self.attention_layers:
+            attn.cache.reorder(rows)
+
+    def forward(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """idx (B, T) token ids -> logits (B, T, padded_vocab).
+
+        ``input_pos`` (B,) int: decode with the attached KV cache (``kv_cache``), row b's tokens at positions
+        ``input_pos[b] + 0..T-1``. Without it, a full forward at positions 0..T-1 (no cache involved).
+        """
+        T = idx.size(1)
+        offsets = torch.arange(T, device=idx.device)
+        positions = offsets[None] if input_pos is None else input_pos[:, None] + offsets  # (1 | B, T)
+        # S: the keys attended to — the longest row so far (in a full forward, T).
+        S = T if input_pos is None else int(positions.max()) + 1
+        if S > self.cfg.max_positions:
+            raise ValueError(f"sequence of {S} tokens exceeds model.max_positions={self.cfg.max_positions}")
         x = self.transformer.wte(idx)
         if self.cfg.pos_encoding == "learned":
-            x = x + self.wpe(torch.arange(seq_len, device=idx.device))
+            x = x + self.wpe(positions)
         elif self.cfg.pos_encoding == "sinusoidal":
-            x = x + sinusoidal_table(seq_len, self.cfg.n_embd).to(device=x.device, dtype=x.dtype)
-        cos, sin = self.rope_tables(seq_len, idx.device)
-        mask = self.attention_bias(seq_len, idx.device, x.dtype)
+            x = x + sinusoidal_table(positions, self.cfg.n_embd).to(x.dtype)
+        if input_pos is None:
+            cos, sin = self.rope_tables(S, idx.device)
+        else:
+            cos, sin = (table[:, :S] for table in self._decode_tables)
+        # A square step from position 0 (a full forward, or a prefill) keeps SDPA's causal fast path.
+        square = S == T
+        mask = (None if square and self.cfg.pos_encoding not in ("alibi", "t5")
+                else self.attention_bias(offsets[None] if square else positions, S, x.dtype))
+        cache_pos = None if input_pos is None else positions.expand(idx.size(0), -1)
         for block in self.transformer.h:
-            x = block(x, cos, sin, mask)
+            x = block(x, cos, sin, mask, cache_pos)
         return self.lm_head(self.transformer.ln_f(x))
 
 
