@@ -80,6 +80,9 @@ def run_stage(name: str, cfg: Any) -> dict[str, Any]:
     stage = get_stage(name)
     if not isinstance(cfg, stage.config_class()):
         raise TypeError(f"stage {name} takes a {stage.config}, got {type(cfg).__name__}")
+    from nope_lightning.tracking import check_store
+
+    check_store(cfg)  # seconds and one line for an unusable store, before any data or compute
     return stage.function()(cfg)
 
 

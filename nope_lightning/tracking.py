@@ -3,19 +3,37 @@
 Default store ``sqlite:///mlruns/mlflow.db`` with artifacts under ``mlruns/artifacts`` — MLflow 3 refuses a
 bare folder store, and Lightning's ``MLFlowLogger`` default (``file:./mlruns``) fails under it, so the URI
 is always passed explicitly. Nothing here deletes a run or an artifact.
+
+Reliability: ``check_store`` (called by ``run_stage`` before any stage) fails in seconds, in one line, when
+the store or the artifact root cannot be reached or written, and closes runs whose process died (every run
+carries an owner tag: host, pid and the pid's start time). A new SQLite store's schema is created under a
+file lock, so processes started together on it do not race MLflow's migrations. Downloaded artifacts live
+in one temporary folder per process, removed when it exits.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import dataclasses
 import json
 import os
+import shutil
+import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from nope_lightning.config import TrackingConfig, flatten, to_dict, to_yaml
+from nope_lightning.locks import file_lock
 
 PARENT_TAG = "mlflow.parentRunId"
+OWNER_TAG = "nope_lightning.owner"
+#: While checking a store: no retries, and a short timeout (MLflow's defaults retry for minutes).
+CHECK_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+_READY: set[str] = set()  # SQLite stores whose schema this process has already seen created
+_DOWNLOADS: list[Path] = []  # this process's download folder, created on first use
 
 
 def _sqlite_path(uri: str) -> Path | None:
@@ -23,27 +41,189 @@ def _sqlite_path(uri: str) -> Path | None:
 
 
 def client(cfg: TrackingConfig):
-    """An ``MlflowClient`` on the configured store (its SQLite folder created if needed)."""
+    """An ``MlflowClient`` on the configured store. A SQLite store is created (folder and schema) under a
+    lock the first time this process opens it: two processes migrating one new file race and one fails."""
     from mlflow.tracking import MlflowClient
 
+    mlflow_client = MlflowClient(tracking_uri=cfg.uri)
     db = _sqlite_path(cfg.uri)
-    if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
-    return MlflowClient(tracking_uri=cfg.uri)
+    if db is not None and str(db.resolve()) not in _READY:
+        with file_lock(f"{db}.lock"):
+            mlflow_client.search_experiments(max_results=1)  # builds the store: creates or migrates the schema
+        _READY.add(str(db.resolve()))
+    return mlflow_client
 
 
 def experiment_id(cfg: TrackingConfig) -> str:
     """Id of ``cfg.experiment``, created with its artifacts under ``cfg.artifact_root`` if new."""
+    from mlflow.exceptions import MlflowException
+
     mlflow_client = client(cfg)
-    exp = mlflow_client.get_experiment_by_name(cfg.experiment)
-    if exp is not None:
-        return exp.experiment_id
-    location = Path(cfg.artifact_root).resolve() / cfg.experiment
-    return mlflow_client.create_experiment(cfg.experiment, artifact_location=location.as_uri())
+    db = _sqlite_path(cfg.uri)
+    with file_lock(f"{db}.lock") if db is not None else contextlib.nullcontext():
+        exp = mlflow_client.get_experiment_by_name(cfg.experiment)
+        if exp is not None:
+            return exp.experiment_id
+        location = Path(cfg.artifact_root).resolve() / cfg.experiment
+        try:
+            return mlflow_client.create_experiment(cfg.experiment, artifact_location=location.as_uri())
+        except MlflowException:  # a process on another host created it first (a server store)
+            exp = mlflow_client.get_experiment_by_name(cfg.experiment)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+
+# --- fail fast -----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _quick_http() -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in CHECK_ENV}
+    os.environ.update(CHECK_ENV)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _one_line(err: BaseException) -> str:
+    """An exception as one whole line (MLflow and torch messages span lines)."""
+    return " ".join(f"{type(err).__name__}: {err}".split())
+
+
+def _check_writable(folder: Path, what: str) -> None:
+    """Create ``folder`` and a file in it, or raise one line. A real write, not ``os.access``: that answers
+    yes to root in a read-only folder and knows nothing of read-only mounts."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".nope_lightning_check_"):
+            pass
+    except OSError as err:
+        raise ValueError(f"{what}: cannot write to {folder} ({err.strerror or err}); point it at a writable "
+                         f"folder") from None
+
+
+def _local_path(location: str) -> Path | None:
+    """The local folder of an artifact location, or None for a remote one (s3:, mlflow-artifacts:, …)."""
+    if location.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(location).path))
+    return Path(location) if "://" not in location and ":" not in location.split("/")[0] else None
+
+
+def tracking_configs(cfg: Any) -> list[TrackingConfig]:
+    """Every distinct ``TrackingConfig`` inside a stage config (pipelines and searches nest them)."""
+    found: list[TrackingConfig] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, TrackingConfig):
+            if value not in found:
+                found.append(value)
+        elif dataclasses.is_dataclass(value):
+            for f in dataclasses.fields(value):
+                walk(getattr(value, f.name))
+
+    walk(cfg)
+    return found
+
+
+def check_store(cfg: Any) -> None:
+    """Before a stage does anything: its tracking store answers and is writable, and so is its artifact root;
+    raises a one-line ``ValueError`` otherwise (seconds, not MLflow's minutes of retries). Then closes the
+    runs of this experiment whose process died (see ``close_dead_runs``)."""
+    for tracking_cfg in tracking_configs(cfg):
+        db = _sqlite_path(tracking_cfg.uri)
+        if db is not None:
+            _check_writable(db.parent, f"tracking.uri={tracking_cfg.uri}")
+            if db.exists() and not os.access(db, os.R_OK | os.W_OK):
+                raise ValueError(f"tracking.uri={tracking_cfg.uri}: {db} is not readable and writable")
+        try:
+            with _quick_http():
+                exp_id = experiment_id(tracking_cfg)
+                location = client(tracking_cfg).get_experiment(exp_id).artifact_location
+        except Exception as err:  # noqa: BLE001 — whatever the store raised, it cannot be used
+            raise ValueError(f"tracking.uri={tracking_cfg.uri}: the tracking store cannot be used "
+                             f"({_one_line(err)})") from None
+        folder = _local_path(location)
+        if folder is not None:
+            _check_writable(folder, f"artifact root of experiment {tracking_cfg.experiment!r} ({location}; "
+                                    f"tracking.artifact_root={tracking_cfg.artifact_root})")
+        close_dead_runs(tracking_cfg, exp_id)
+
+
+# --- run ownership: a run whose process died is closed, never left RUNNING -----------------------------
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (with the pid, unique for the machine's uptime);
+    empty where /proc does not exist."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def owner() -> str:
+    """``host:pid:start time`` of this process, the value of every run's ``nope_lightning.owner`` tag."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def owner_alive(value: str) -> bool:
+    """Whether the process an owner tag names still runs (an owner on another host is assumed alive)."""
+    host, _, rest = value.partition(":")
+    pid, _, started = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    if started:
+        return _start_time(int(pid)) == started
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def close_dead_runs(cfg: TrackingConfig, exp_id: str | None = None) -> list[str]:
+    """Mark KILLED every RUNNING run of the experiment whose owner process (on this host) has died; their ids."""
+    mlflow_client = client(cfg)
+    runs = mlflow_client.search_runs([exp_id or experiment_id(cfg)],
+                                     filter_string=f"attributes.status = 'RUNNING' and "
+                                                   f"tags.`{OWNER_TAG}` LIKE '{socket.gethostname()}:%'")
+    dead = [r.info.run_id for r in runs if not owner_alive(r.data.tags[OWNER_TAG])]
+    for run_id in dead:
+        mlflow_client.set_terminated(run_id, "KILLED")
+    return dead
+
+
+def claim_run(cfg: TrackingConfig, run_id: str) -> None:
+    """Continue ``run_id`` in this process: RUNNING again, owned by this process."""
+    mlflow_client = client(cfg)
+    mlflow_client.set_tag(run_id, OWNER_TAG, owner())
+    mlflow_client.update_run(run_id, status="RUNNING")
+
+
+def has_run(cfg: TrackingConfig, run_id: str) -> bool:
+    """Whether the store holds ``run_id`` (a folder may remember a run of another store)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client(cfg).get_run(run_id)
+    except MlflowException:
+        return False
+    return True
 
 
 def run_tags(cfg: TrackingConfig, stage: str) -> dict[str, str]:
-    tags = {"stage": stage}
+    tags = {"stage": stage, OWNER_TAG: owner()}
     if cfg.parent_run_id:
         tags[PARENT_TAG] = cfg.parent_run_id
     return tags
@@ -108,21 +288,63 @@ def end_run(cfg: TrackingConfig, run_id: str, status: str = "FINISHED") -> None:
     client(cfg).set_terminated(run_id, status)
 
 
-def download(cfg: TrackingConfig, run_id: str, artifact_path: str, dst: str | Path | None = None) -> Path:
-    """Download a run's artifact (file or folder) and return its local path."""
-    import mlflow
+def _download_root() -> Path:
+    """This process's folder for downloads (removed at exit), made on first use; folders left by killed
+    processes are removed then too."""
+    if not _DOWNLOADS:
+        for stale in Path(tempfile.gettempdir()).glob("nope_lightning_*_*"):
+            pid = stale.name.split("_")[2]
+            if pid.isdigit() and stale.stat().st_uid == os.getuid() and not Path(f"/proc/{pid}").exists():
+                shutil.rmtree(stale, ignore_errors=True)
+        _DOWNLOADS.append(Path(tempfile.mkdtemp(prefix=f"nope_lightning_{os.getpid()}_")))
+        atexit.register(shutil.rmtree, _DOWNLOADS[0], True)
+    return _DOWNLOADS[0]
 
-    dst = Path(dst or tempfile.mkdtemp(prefix="nope_lightning_"))
+
+def download(cfg: TrackingConfig, run_id: str, artifact_path: str, dst: str | Path | None = None) -> Path:
+    """Download a run's artifact (file or folder) and return its local path; a missing run or artifact is
+    a one-line ``ValueError``."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    if not has_run(cfg, run_id):
+        raise ValueError(f"runs:/{run_id}/{artifact_path}: the tracking store {cfg.uri} has no run {run_id} "
+                         f"(wrong run id, or a run of another store: set tracking.uri=)")
+    dst = Path(dst or tempfile.mkdtemp(dir=_download_root()))
     os.makedirs(dst, exist_ok=True)
-    return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
-                                                    dst_path=str(dst), tracking_uri=cfg.uri))
+    try:
+        return Path(mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact_path,
+                                                        dst_path=str(dst), tracking_uri=cfg.uri))
+    except (MlflowException, OSError):
+        listing = sorted(a.path for a in client(cfg).list_artifacts(run_id))
+        raise ValueError(f"runs:/{run_id}/{artifact_path}: run {run_id} has no artifact {artifact_path!r} "
+                         f"(it has {', '.join(listing) or 'no artifacts'})") from None
+
+
+def logged_steps(cfg: TrackingConfig, run_id: str) -> dict[str, int]:
+    """``metric -> last step`` already logged in ``run_id``."""
+    mlflow_client = client(cfg)
+    return {key: max(m.step for m in mlflow_client.get_metric_history(run_id, key))
+            for key in mlflow_client.get_run(run_id).data.metrics}
 
 
 def lightning_logger(cfg: TrackingConfig, stage: str, run_name: str, run_id: str | None = None):
-    """Lightning's ``MLFlowLogger`` on our store; ``run_id`` continues an existing run (resume)."""
+    """Lightning's ``MLFlowLogger`` on our store; ``run_id`` continues an existing run (resume): the run is
+    claimed by this process, and a metric point at a step the run already has is not logged again — a
+    resumed run recomputes, bit for bit, the steps between its checkpoint and the kill."""
     from lightning.pytorch.loggers import MLFlowLogger
 
+    class ResumingLogger(MLFlowLogger):
+        def log_metrics(self, metrics, step=None):
+            fresh = {k: v for k, v in metrics.items() if (step or 0) > done.get(k, -1)}
+            if fresh:
+                super().log_metrics(fresh, step)
+
     experiment_id(cfg)  # creates the experiment with our artifact location if needed
-    return MLFlowLogger(experiment_name=cfg.experiment, run_name=run_name, tracking_uri=cfg.uri,
-                        tags=run_tags(cfg, stage), run_id=run_id,
-                        artifact_location=(Path(cfg.artifact_root).resolve() / cfg.experiment).as_uri())
+    done: dict[str, int] = {}
+    if run_id is not None:
+        claim_run(cfg, run_id)
+        done = logged_steps(cfg, run_id)
+    return ResumingLogger(experiment_name=cfg.experiment, run_name=run_name, tracking_uri=cfg.uri,
+                          tags=run_tags(cfg, stage), run_id=run_id,
+                          artifact_location=(Path(cfg.artifact_root).resolve() / cfg.experiment).as_uri())

@@ -1,9 +1,18 @@
-"""scale-search: the log fit against numpy, resume after a kill, replayable trials, bad input."""
+"""scale-search: the log fit against numpy, a real SIGKILL mid-trial resumes to the uninterrupted answer (grid and
+TPE retries), replayable trials, bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shlex
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import optuna
@@ -11,7 +20,7 @@ import pytest
 
 from nope_lightning import cli
 from nope_lightning.run import run_stage, stage_config
-from nope_lightning.search import fit_log_scale
+from nope_lightning.search import fit_log_scale, open_study
 
 
 def test_fit_recovers_a_and_r2():
@@ -35,29 +44,71 @@ def search_overrides(tiny_pretrained, tmp_path) -> list[str]:
             f"storage=sqlite:///{tmp_path}/optuna.db", "study_name=test-study"]
 
 
-def test_a_killed_search_resumes_without_rerunning_finished_trials(search_overrides, tmp_path):
-    first = run_stage("scale-search", stage_config("scale-search", None, [*search_overrides, "num_trials=2"]))
-    assert first["trials"] == 2
-    study = optuna.load_study(study_name="test-study", storage=f"sqlite:///{tmp_path}/optuna.db")
-    study.ask({"lambda": optuna.distributions.FloatDistribution(1.0, 1.75)})  # a trial a kill left RUNNING
-    final = run_stage("scale-search", stage_config("scale-search", None, search_overrides))
-    assert final["trials"] == 4 and final["run_id"] == first["run_id"]  # same parent run, resumed
-    trials = optuna.load_study(study_name="test-study", storage=f"sqlite:///{tmp_path}/optuna.db").trials
+def running_trial(db: Path) -> int | None:
+    """The number of a RUNNING trial past the first, read-only (never creates the file or its schema)."""
+    if not db.exists():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            row = con.execute("SELECT number FROM trials WHERE state = 'RUNNING' AND number >= 1").fetchone()
+    except sqlite3.OperationalError:  # the schema is still being created
+        return None
+    return row[0] if row else None
+
+
+def test_a_search_killed_mid_trial_resumes_to_the_uninterrupted_answer(search_overrides, tiny_pretrained, tmp_path):
+    straight = run_stage("scale-search", stage_config("scale-search", None, search_overrides))
+    killed_db = tmp_path / "killed.db"
+    killed = [*search_overrides[:-2], f"storage=sqlite:///{killed_db}", "study_name=killed"]
+    proc = subprocess.Popen([sys.executable, "-m", "nope_lightning.cli", "run", "scale-search", *killed],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while proc.poll() is None and running_trial(killed_db) is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.kill()  # SIGKILL: no handler, no finally, the trial and its MLflow run stay RUNNING
+    assert proc.wait(timeout=60) == -signal.SIGKILL, proc.stderr.read()[-3000:]
+    storage = f"sqlite:///{killed_db}"
+    stale = [t for t in optuna.load_study(study_name="killed", storage=storage).trials
+             if t.state == optuna.trial.TrialState.RUNNING]
+    assert len(stale) == 1  # killed mid-trial, after at least one trial finished
+
+    resumed = run_stage("scale-search", stage_config("scale-search", None, killed))
+    trials = optuna.load_study(study_name="killed", storage=storage).trials
     complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert sorted(t.params["lambda"] for t in complete) == [1.0, 1.25, 1.5, 1.75]  # each grid point once
-    assert [t.number for t in complete] == [0, 1, 3, 4]  # the stale trial 2 was failed, then k+1 onwards
-    assert trials[2].state == optuna.trial.TrialState.FAIL
+    assert Counter(t.params["lambda"] for t in complete) == {1.0: 1, 1.25: 1, 1.5: 1, 1.75: 1}
+    assert trials[stale[0].number].state == optuna.trial.TrialState.FAIL
+    assert resumed["scale_search/len128/best_lambda"] == straight["scale_search/len128/best_lambda"]
+    assert resumed["scale_search/len128/best_logppl"] == straight["scale_search/len128/best_logppl"]
+    if math.isfinite(straight["scale_search/fit_a"]):
+        assert resumed["scale_search/fit_a"] == straight["scale_search/fit_a"]
+    reference = {t.params["lambda"]: t.user_attrs["logppl"] for t in
+                 optuna.load_study(study_name="test-study", storage=search_overrides[-2].split("=", 1)[1]).trials}
+    assert {t.params["lambda"]: t.user_attrs["logppl"] for t in complete} == reference
+
+    # Whatever the kill left RUNNING in MLflow was closed when the rerun started.
     from mlflow.tracking import MlflowClient
 
-    uri = search_overrides[1].split("=", 1)[1]
-    children = MlflowClient(uri).search_runs(
-        [MlflowClient(uri).get_run(final["run_id"]).info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{final['run_id']}'")
-    assert len(children) == 4
-    best = final["scale_search/len128/best_lambda"]
-    logppl = {t.params["lambda"]: t.user_attrs["logppl"]["128"] for t in complete}
-    assert best == min(logppl, key=logppl.get)
-    assert math.isfinite(final["scale_search/fit_a"])
+    client = MlflowClient(search_overrides[1].split("=", 1)[1])
+    runs = client.search_runs([client.get_run(resumed["run_id"]).info.experiment_id],
+                              filter_string=f"tags.mlflow.parentRunId = '{resumed['run_id']}'")
+    statuses = [r.info.status for r in runs]
+    assert statuses.count("FINISHED") == 4 and set(statuses) <= {"FINISHED", "KILLED"}
+    assert client.get_run(resumed["run_id"]).info.status == "FINISHED"
+
+
+def test_a_stale_tpe_trial_is_retried_with_its_parameters(tmp_path):
+    storage = f"sqlite:///{tmp_path}/tpe.db"
+    study = open_study("tpe", storage, optuna.samplers.TPESampler(seed=0))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1) ** 2, n_trials=2)
+    dead = study.ask()  # the trial a kill left RUNNING, its parameter drawn
+    x = dead.suggest_float("x", 0, 1)
+    resumed = open_study("tpe", storage, optuna.samplers.TPESampler(seed=0))
+    assert open_study("tpe", storage, optuna.samplers.TPESampler(seed=0)).trials[-1].state.name == "WAITING"
+    seen = []
+    resumed.optimize(lambda t: seen.append(t.suggest_float("x", 0, 1)) or 0.0, n_trials=2)
+    assert seen[0] == x and seen[1] != x  # the retry first, then the sampler goes on
+    states = [t.state.name for t in resumed.trials]
+    assert states == ["COMPLETE", "COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]  # one retry, however many reopens
 
 
 def test_a_trial_replays_as_an_evaluate_command(search_overrides, tiny_pretrained, capsys):
