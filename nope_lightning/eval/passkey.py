@@ -39,6 +39,7 @@ QUESTION = "What is the pass key? The pass key is"
 # The start of each tenth of the haystack; depth 1.0 (key right before the question) is the easiest case.
 DEFAULT_DEPTHS = tuple(i / 10 for i in range(10))
 MAX_NEW_TOKENS = 10  # the reference's generation budget; a 5-digit key needs a few tokens at most
+PROMPTS = ("reference", "compact")
 
 FILLER_SENTENCES = tuple(re.findall(r" [^.]+\.", FILLER))
 assert "".join(FILLER_SENTENCES) == FILLER
@@ -68,11 +69,18 @@ class PasskeySample:
 class PasskeyPromptBuilder:
     """Encodes the fixed prompt pieces once for a tokenizer and builds prompts of exact token lengths."""
 
-    def __init__(self, tokenizer: TextTokenizer, prefix_ids: Sequence[int] = ()) -> None:
-        """``prefix_ids`` (e.g. a BOS/EOT id) are put first and count towards the length."""
+    def __init__(self, tokenizer: TextTokenizer, prefix_ids: Sequence[int] = (), prompt: str = "reference") -> None:
+        """``prefix_ids`` (e.g. a BOS/EOT id) are put first and count towards the length. ``prompt``:
+        ``reference`` (task line first, as in the reference) or ``compact`` (no task line: the prompt starts
+        with the haystack). Compact is our deviation for short training lengths, where the task line alone
+        takes a large share of the window (e.g. a 2,048-token BPE needs ~140 tokens for the fixed parts of
+        the reference prompt, more than a 128-token window); the info line and question are unchanged."""
+        if prompt not in PROMPTS:
+            raise ValueError(f"passkey prompt={prompt!r}: pick one of {', '.join(PROMPTS)}")
         self.tokenizer = tokenizer
         newline = tokenizer.encode("\n")
-        self.head = [*prefix_ids, *tokenizer.encode(TASK_LINE), *newline]
+        task = [*tokenizer.encode(TASK_LINE), *newline] if prompt == "reference" else []
+        self.head = [*prefix_ids, *task]
         self.newline = newline
         self.tail = [*newline, *tokenizer.encode(QUESTION)]
         info_before, info_after = INFO_LINE.split(" {key}", 1)
@@ -92,19 +100,36 @@ class PasskeyPromptBuilder:
         """Prompt of exactly ``length`` tokens with the info line at ``depth`` (0..1) of the haystack."""
         if not 0.0 <= depth <= 1.0:
             raise ValueError(f"depth={depth} must be in [0, 1]")
-        key_ids = self.tokenizer.encode(f" {key}")
-        info_after = [*self.tokenizer.encode(self.info_after_template.format(key=key)), *self.newline]
-        fixed = len(self.head) + len(self.info_before) + len(key_ids) + len(info_after) + len(self.tail)
-        budget = length - fixed
-        if budget < 0:
+        budget = self.haystack_budget(key, length)
+        prefix = self._prefix(round(depth * budget), budget)
+        return self.assemble(key, depth, prefix, self._take(budget - len(prefix)))
+
+    def min_length(self, key: str = "12345") -> int:
+        """Tokens the prompt needs without any filler (the shortest length ``build`` accepts)."""
+        return len(self.head) + len(self.info_before) + len(self.key_ids(key)) + len(self._info_after(key)) + len(
+            self.tail)
+
+    def haystack_budget(self, key: str, length: int) -> int:
+        """Filler tokens a prompt of ``length`` tokens holds; ``ValueError`` when the fixed parts do not fit."""
+        fixed = self.min_length(key)
+        if length < fixed:
             raise ValueError(f"length={length} is too short for a passkey prompt: this tokenizer needs at least "
                              f"{fixed} tokens without any filler")
-        prefix = self._prefix(round(depth * budget), budget)
-        suffix = self._take(budget - len(prefix))
+        return length - fixed
+
+    def key_ids(self, key: str) -> list[int]:
+        """The key's tokens as they follow "is" (a leading space, then the digits)."""
+        return self.tokenizer.encode(f" {key}")
+
+    def assemble(self, key: str, depth: float, prefix: Sequence[int], suffix: Sequence[int]) -> PasskeySample:
+        """The prompt with haystack ``prefix`` before the info line and ``suffix`` after it (any filler)."""
+        info_after = self._info_after(key)
         key_token_start = len(self.head) + len(prefix) + len(self.info_before)
-        input_ids = [*self.head, *prefix, *self.info_before, *key_ids, *info_after, *suffix, *self.tail]
-        assert len(input_ids) == length
-        return PasskeySample(input_ids, key, depth, length, key_token_start)
+        input_ids = [*self.head, *prefix, *self.info_before, *self.key_ids(key), *info_after, *suffix, *self.tail]
+        return PasskeySample(input_ids, key, depth, len(input_ids), key_token_start)
+
+    def _info_after(self, key: str) -> list[int]:
+        return [*self.tokenizer.encode(self.info_after_template.format(key=key)), *self.newline]
 
     def _prefix(self, target: int, budget: int) -> list[int]:
         """Whole filler sentences whose token count is the sentence boundary nearest ``target`` (<= budget)."""
@@ -126,14 +151,14 @@ class PasskeyPromptBuilder:
 
 def make_passkey_samples(tokenizer: TextTokenizer, lengths: Iterable[int],
                          depths: Sequence[float] = DEFAULT_DEPTHS, keys_per_cell: int = 10, seed: int = 0,
-                         prefix_ids: Sequence[int] = ()) -> list[PasskeySample]:
+                         prefix_ids: Sequence[int] = (), prompt: str = "reference") -> list[PasskeySample]:
     """The grid lengths x depths x ``keys_per_cell`` random keys (10000-99999), deterministic in ``seed``.
 
     The paper uses 10 depths x 10 keys per length. Samples are ordered by length, then depth, then key.
     """
     if keys_per_cell < 1:
         raise ValueError(f"keys_per_cell={keys_per_cell} must be >= 1")
-    builder = PasskeyPromptBuilder(tokenizer, prefix_ids)
+    builder = PasskeyPromptBuilder(tokenizer, prefix_ids, prompt)
     rng = random.Random(seed)
     return [builder.build(str(rng.randint(10000, 99999)), depth, length)
             for length in lengths for depth in depths for _ in range(keys_per_cell)]
@@ -143,6 +168,13 @@ def score_passkey(generated_text: str, key: str) -> bool:
     """True when the first integer in the generated continuation equals the key (the reference's check)."""
     match = re.search(r"\d+", generated_text)
     return match is not None and int(match.group()) == int(key)
+
+
+def score_passkey_tokens(generated_ids: Sequence[int], key_ids: Sequence[int]) -> bool:
+    """True when the continuation starts with exactly the key's tokens, ``key_ids = encode(" " + key)`` (the
+    ids the prompt holds at ``key_token_start``): an exact match, where the first-integer check would also
+    pass a longer number or a key given with extra digits split off."""
+    return list(generated_ids[: len(key_ids)]) == list(key_ids)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,14 @@
 """Sliding-window perplexity windows and the Lightning module that scores them.
 
 A document of n tokens is read in windows of ``length`` input tokens moved by ``stride``: window k has
-inputs ``x[kS : kS+L]`` and targets ``x[kS+1 : kS+L+1]``. The first window of a document scores all L
-targets, every later one only its last S, so each target is scored once, with at least L - S tokens of
-context (the paper's protocol, S = 256 at L = 2K). Windows are listed document by document (documents in
+inputs ``x[kS : kS+L]`` and targets ``x[kS+1 : kS+L+1]``. Two conventions for which targets are scored:
+
+* ``last_stride`` (default): every window, a document's first included, scores only its last S targets, so
+  every scored token has at least L - S tokens of context — the reference sliding-window evaluation
+  (S = 256 at L = 2K), and the one under which perplexity at length L measures reading with ~L of context.
+* ``first_full``: a document's first window scores all its L targets, later ones their last S, so every
+  target of a document is scored exactly once (its first L - S targets with less context).
+ Windows are listed document by document (documents in
 a fixed order) until ``budget`` targets are scored; the list — hence the perplexity — does not depend on
 the batch size or on how many processes share it (rank r takes windows r, r + W, ...).
 """
@@ -31,16 +36,20 @@ class Window:
     score_from: int
 
 
-def sliding_windows(doc_lengths: list[int], length: int, stride: int, budget: int) -> list[Window]:
-    """Windows over documents with at least ``length + 1`` tokens until ``budget`` targets are scored."""
+def sliding_windows(doc_lengths: list[int], length: int, stride: int, budget: int,
+                    scoring: str = "last_stride") -> list[Window]:
+    """Windows over documents with at least ``length + 1`` tokens until ``budget`` targets are scored;
+    ``scoring`` is ``last_stride`` or ``first_full`` (module docstring)."""
     if not 0 < stride <= length:
         raise ValueError(f"stride={stride} must be in 1..{length} (the window length)")
+    if scoring not in ("last_stride", "first_full"):
+        raise ValueError(f"scoring={scoring!r}: pick last_stride or first_full")
     windows: list[Window] = []
     scored = 0
     for doc, n in enumerate(doc_lengths):
         start = 0
         while start + length + 1 <= n and scored < budget:
-            score_from = 0 if start == 0 else length - stride
+            score_from = 0 if start == 0 and scoring == "first_full" else length - stride
             windows.append(Window(doc, start, score_from))
             scored += length - score_from
             start += stride

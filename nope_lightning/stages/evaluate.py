@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from nope_lightning import tracking
 from nope_lightning.checkpoint import LoadedModel, load_model
 from nope_lightning.config import EvaluateConfig, ExtensionConfig, TrackingConfig
+from nope_lightning.data.corpus import corpus_label
 from nope_lightning.eval.perplexity import (
     Stream,
     WindowDataset,
@@ -59,25 +60,25 @@ def extension_label(ext: ExtensionConfig) -> str:
     return "-".join(parts) or "plain"
 
 
-def test_documents(loaded: LoadedModel, corpus: str, tokenizer) -> list[tuple[str, np.ndarray]]:
-    """``(text, token ids)`` of the test split of ``corpus`` (split as the model's data config splits); the ids
-    carry BOS/EOS."""
+def split_documents_of(loaded: LoadedModel, corpus: str, tokenizer, split: str) -> list[tuple[str, np.ndarray]]:
+    """``(text, token ids)`` of the ``split`` (val or test) of ``corpus``, split as the model's data config
+    splits its own corpus; the ids carry BOS/EOS."""
     from nope_lightning.data import load_documents, split_documents
 
     data = loaded.config.data
     docs = split_documents(load_documents(corpus, data.cache_path), data.val_fraction, data.test_fraction,
-                           data.split_seed)["test"]
+                           data.split_seed)[split]
     encoded = tokenizer.encode_batch([d.text for d in docs])
     return [(d.text, np.asarray([tokenizer.bos_id, *ids, tokenizer.eos_id], dtype=np.int64))
             for d, ids in zip(docs, encoded, strict=True)]
 
 
-def comparable_documents(corpus: str, arrays: list[np.ndarray], longest: int) -> list[np.ndarray]:
-    """The test documents long enough for the longest window: every length is then scored on the same
+def comparable_documents(corpus: str, arrays: list[np.ndarray], longest: int, split: str) -> list[np.ndarray]:
+    """The documents long enough for the longest window: every length is then scored on the same
     documents, so PPL differences across lengths come from context, not from a changing document mix."""
     kept = [a for a in arrays if len(a) >= longest + 1]
     if not kept:
-        raise ValueError(f"no test document of corpus {corpus!r} has {longest + 1} tokens (longest: "
+        raise ValueError(f"no {split} document of corpus {corpus!r} has {longest + 1} tokens (longest: "
                          f"{max(map(len, arrays))}); lower eval_lengths or use a corpus with longer documents")
     return kept
 
@@ -104,7 +105,8 @@ def plan_streams(cfg: EvaluateConfig, docs: dict[str, list[np.ndarray]], lengths
         doc_lengths = [len(a) for a in arrays]
         for length in lengths:
             streams.append(Stream("ppl", corpus, length))
-            windows.append(sliding_windows(doc_lengths, length, min(stride, length), cfg.ppl_tokens))
+            windows.append(sliding_windows(doc_lengths, length, min(stride, length), cfg.ppl_tokens,
+                                           cfg.window_scoring))
         if cfg.position_windows:
             streams.append(Stream("position", corpus, longest))
             windows.append(tiled_windows(doc_lengths, longest, cfg.position_windows))
@@ -131,11 +133,11 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
     stride = cfg.stride or max(1, train_len // 8)
     tokenizer = TextTokenizer.load(loaded.tokenizer_file)
     corpora = cfg.corpora or [loaded.config.data.corpus]
-    named_docs = {corpus: test_documents(loaded, corpus, tokenizer) for corpus in corpora}
-    docs = {corpus: comparable_documents(corpus, [a for _, a in named], max(lengths))
+    named_docs = {corpus: split_documents_of(loaded, corpus, tokenizer, cfg.split) for corpus in corpora}
+    docs = {corpus: comparable_documents(corpus, [a for _, a in named], max(lengths), cfg.split)
             for corpus, named in named_docs.items()}
     streams, windows = plan_streams(cfg, docs, lengths, stride)
-    # Build every prompt before any compute, so a length that cannot hold a prompt fails fast.
+    # Build every prompt before any compute; a length too short for the prompt is skipped (one line).
     keys = passkey_samples(tokenizer, passkey_lengths, cfg) if cfg.passkey_keys else []
     texts = [text for text, _ in named_docs[corpora[0]]]
     tasks = long_context_samples(tokenizer, texts, passkey_lengths, cfg) if cfg.longctx_samples else {}
@@ -148,7 +150,9 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
         return {}
 
     results: dict[str, Any] = {"setting": extension_label(cfg.extension), "train_len": train_len,
-                               "lengths": lengths, "stride": stride, "corpora": corpora}
+                               "split": cfg.split, "lengths": lengths, "stride": stride,
+                               "window_scoring": cfg.window_scoring, "corpora": corpora,
+                               "corpus_labels": {c: corpus_label(c) for c in corpora}}
     metrics = window_metrics(evaluator.results, corpora, lengths, cfg, results)
     if keys:
         metrics.update(passkey(model, tokenizer, keys, cfg, results))
@@ -157,7 +161,9 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
     for path in cfg.longbench_files:
         metrics.update(longbench(model, tokenizer, path, max(passkey_lengths), cfg, results))
 
-    name = cfg.name or f"evaluate-{loaded.config.name or Path(loaded.folder).parent.name}-{results['setting']}"
+    split = "" if cfg.split == "test" else f"-{cfg.split}"
+    name = cfg.name or (f"evaluate-{loaded.config.name or Path(loaded.folder).parent.name}-{results['setting']}"
+                        f"{split}")
     run_id = tracking.create_run(cfg.tracking, "evaluate", name, cfg)
     tracking.log_metrics(cfg.tracking, run_id, metrics)
     tracking.log_json(cfg.tracking, run_id, results, "results.json")
@@ -174,24 +180,25 @@ def window_metrics(res: dict, corpora: list[str], lengths: list[int], cfg: Evalu
     results["ppl"] = {}
     for corpus in corpora:
         results["ppl"][corpus] = {}
+        # The first corpus is the primary one (``{split}/len{L}/...``); the others are named by their label.
+        prefix = cfg.split if corpus == corpora[0] else f"{cfg.split}/{corpus_label(corpus)}"
         for length in lengths:
             nll = res["ppl", corpus, length]
             ppl, loss = float(nll.perplexity()), float(nll.compute())
             results["ppl"][corpus][length] = {"ppl": ppl, "nll": loss, "tokens": int(nll.count.item())}
-            metrics[f"val/{corpus}/len{length}/ppl"] = ppl
-            if corpus == corpora[0]:
-                metrics[f"val/len{length}/ppl"] = ppl
-                metrics[f"val/len{length}/loss"] = loss
+            metrics[f"{prefix}/len{length}/ppl"] = ppl
+            metrics[f"{prefix}/len{length}/loss"] = loss
     longest = max(lengths)
     if cfg.position_windows:
         edges = position_buckets(longest, cfg.position_buckets, "linear")
         results["position"] = {"edges": edges.tolist(), "logppl": {
             corpus: res["position", corpus, longest].bucketed(edges).tolist() for corpus in corpora}}
     if cfg.entropy_windows:
-        results["entropy"] = {}
+        results["entropy_by_length"] = {}
         for length in lengths:
             ent: AttentionEntropy = res["entropy", corpora[0], length]
-            metrics[f"val/len{length}/entropy"] = float(ent.compute().nanmean())
+            mean = float(ent.compute().nanmean())
+            metrics[f"{cfg.split}/len{length}/entropy"] = results["entropy_by_length"][length] = mean
         ent = res["entropy", corpora[0], longest]
         edges = position_buckets(longest, cfg.position_buckets, "linear")
         results["entropy"] = {"edges": edges.tolist(), "unit": "nats",
@@ -201,26 +208,35 @@ def window_metrics(res: dict, corpora: list[str], lengths: list[int], cfg: Evalu
 
 
 def passkey_samples(tokenizer, lengths: list[int], cfg: EvaluateConfig) -> list:
-    """The passkey grid lengths x ``passkey_depths`` depths (0, 1/n, ...) x ``passkey_keys`` keys."""
-    from nope_lightning.eval.passkey import make_passkey_samples
+    """The passkey grid lengths x ``passkey_depths`` depths (0, 1/n, ...) x ``passkey_keys`` keys; lengths that
+    cannot hold the prompt's fixed parts are skipped with one warning line."""
+    from nope_lightning.eval.passkey import PasskeyPromptBuilder, make_passkey_samples
 
+    shortest = PasskeyPromptBuilder(tokenizer, [tokenizer.bos_id], cfg.passkey_prompt).min_length()
+    fitting = [n for n in lengths if n >= shortest]
+    if len(fitting) < len(lengths):
+        warnings.warn(f"passkey skipped at lengths {[n for n in lengths if n < shortest]}: the "
+                      f"{cfg.passkey_prompt} prompt needs {shortest} tokens", stacklevel=2)
     depths = [i / cfg.passkey_depths for i in range(cfg.passkey_depths)]
-    return make_passkey_samples(tokenizer, lengths, depths, cfg.passkey_keys, cfg.seed, [tokenizer.bos_id])
+    return make_passkey_samples(tokenizer, fitting, depths, cfg.passkey_keys, cfg.seed, [tokenizer.bos_id],
+                                cfg.passkey_prompt)
 
 
 def passkey(model, tokenizer, samples: list, cfg: EvaluateConfig, results: dict) -> dict[str, float]:
-    """Greedy passkey retrieval (the reference prompt); accuracy per length and per (length, depth)."""
+    """Greedy passkey retrieval (reference or compact prompt), scored by exact match of the key's tokens;
+    accuracy per length and per (length, depth)."""
     from nope_lightning.eval.generate import greedy_generate
-    from nope_lightning.eval.passkey import passkey_accuracy, score_passkey
+    from nope_lightning.eval.passkey import passkey_accuracy, score_passkey_tokens
 
     outputs = []
     for length in tqdm(sorted({s.length for s in samples}), desc="passkey", leave=False):
         batch = [s for s in samples if s.length == length]
         generated = greedy_generate(model, [s.input_ids for s in batch], cfg.max_new_tokens, cfg.batch_size,
                                     tokenizer.vocab_size)
-        outputs += [score_passkey(tokenizer.decode(g), s.key) for s, g in zip(batch, generated, strict=True)]
+        # Exact match of the key's tokens (a longer number or a stray digit fails, unlike a first-integer check).
+        outputs += [score_passkey_tokens(g, tokenizer.encode(f" {s.key}")) for s, g in zip(batch, generated, strict=True)]
     accuracy = passkey_accuracy(samples, outputs)
-    results["passkey"] = {"by_length": accuracy.by_length, "overall": accuracy.overall,
+    results["passkey"] = {"prompt": cfg.passkey_prompt, "by_length": accuracy.by_length, "overall": accuracy.overall,
                           "by_cell": [[length, depth, acc] for (length, depth), acc in accuracy.by_cell.items()]}
     return accuracy.metrics("passkey")
 

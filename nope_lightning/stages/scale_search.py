@@ -4,7 +4,9 @@ length (paper 001 §3.1, Fig 2 and Fig 7).
 An Optuna study (GridSampler over the lambda grid by default) whose trial at lambda is exactly
 ``nope-lightning run evaluate checkpoint=… extension.temperature=lambda eval_lengths=[targets] …`` — run
 through ``run_stage`` as a nested MLflow run, its command line stored on the trial so it can be replayed.
-The objective is the mean held-out log-PPL over the target lengths; each length's log-PPL is a trial
+Trials score the **validation** split (``evaluate split=val``): the lambda chosen here is reported on test
+data by later ``evaluate`` runs, never chosen on it. The objective is the mean validation log-PPL over the
+target lengths; each length's log-PPL is a trial
 attribute, so the best lambda per length comes from the same trials. Per-position log-PPL at the
 longest target gives the best lambda per position bucket and the fit ``lambda = 1 + a ln(i / L)``.
 
@@ -30,7 +32,8 @@ def trial_config(cfg: ScaleSearchConfig, lam: float, parent_run_id: str, number:
     return EvaluateConfig(
         checkpoint=cfg.checkpoint, extension=ExtensionConfig(temperature=lam),
         tracking=dataclasses.replace(cfg.tracking, parent_run_id=parent_run_id, run_name=""),
-        trainer=cfg.trainer, eval_lengths=list(cfg.target_lengths), stride=cfg.stride, ppl_tokens=cfg.ppl_tokens,
+        trainer=cfg.trainer, split="val", eval_lengths=list(cfg.target_lengths), stride=cfg.stride,
+        ppl_tokens=cfg.ppl_tokens,
         batch_size=cfg.batch_size, position_windows=8, position_buckets=cfg.position_buckets, entropy_windows=0,
         passkey_keys=0, longctx_samples=0, seed=cfg.seed, plots=False, name=f"scale-search-trial{number}-lam{lam:g}")
 
@@ -56,7 +59,8 @@ def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
     for length in cfg.target_lengths:
         check_target_len(loaded.config, length)
     lambdas = cfg.lambdas
-    settings = {"model": fingerprint, "targets": sorted(cfg.target_lengths), "grid": lambdas, "sampler": cfg.sampler,
+    settings = {"model": fingerprint, "split": "val", "targets": sorted(cfg.target_lengths), "grid": lambdas,
+                "sampler": cfg.sampler,
                 "stride": cfg.stride, "ppl_tokens": cfg.ppl_tokens, "buckets": cfg.position_buckets}
     name = cfg.study_name or study_name(f"scale-search-{fingerprint[:8]}", settings)
     sampler = (optuna.samplers.GridSampler({"lambda": lambdas}, seed=cfg.seed) if cfg.sampler == "grid"
@@ -124,9 +128,13 @@ def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, finger
     if len(per_bucket) >= 2:
         a, r2 = fit_log_scale([p["s"] for p in per_bucket], [p["lambda"] for p in per_bucket])
         fit = {"a": a, "r2": r2}
+    # An optimum on the grid's edge may lie beyond it: the report flags it rather than trusting the value.
+    grid = (min(cfg.lambdas), max(cfg.lambdas))
+    on_edge = {n: lam in grid for n, lam in best.items()}
     summary = {
-        "study": study.study_name, "model_fingerprint": fingerprint, "train_len": train_len,
-        "checkpoint": cfg.checkpoint, "units": "1/sqrt(head_size)", "best": best,
+        "study": study.study_name, "model_fingerprint": fingerprint, "train_len": train_len, "split": "val",
+        "checkpoint": cfg.checkpoint, "units": "1/sqrt(head_size)", "grid": list(grid), "best": best,
+        "best_on_grid_edge": on_edge,
         "best_logppl": {str(n): min(t.user_attrs["logppl"][str(n)] for t in ordered) for n in cfg.target_lengths},
         "per_position_best": per_bucket, "fit": fit,
         "trials": [{"lambda": t.params["lambda"], "logppl": t.user_attrs["logppl"],
@@ -135,6 +143,7 @@ def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, finger
     }
     metrics = {f"scale_search/len{n}/best_lambda": best[str(n)] for n in cfg.target_lengths}
     metrics.update({f"scale_search/len{n}/best_logppl": summary["best_logppl"][str(n)] for n in cfg.target_lengths})
+    metrics.update({f"scale_search/len{n}/on_grid_edge": float(on_edge[str(n)]) for n in cfg.target_lengths})
     metrics.update({"scale_search/fit_a": fit["a"], "scale_search/fit_r2": fit["r2"]})
     tracking.log_metrics(cfg.tracking, parent, {k: v for k, v in metrics.items() if not math.isnan(v)})
     tracking.log_json(cfg.tracking, parent, summary, "scale_search.json")
