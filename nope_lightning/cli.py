@@ -3,17 +3,34 @@
 Also: ``nope-lightning stages`` (list them) and ``nope-lightning config <stage> [conf.yaml] [k=v ...]``
 (print the resolved config without running anything). Multi-process runs re-execute this same command
 line in every rank (Lightning's DDP launcher), so it must stay free of interactive state.
+
+Output contract: stdout holds only the stage's JSON result; progress, logs and errors go to stderr (the
+stage runs with ``sys.stdout`` pointed at stderr). With ``$NOPE_LIGHTNING_RESULT`` set (a pipeline running
+a step as a subprocess) the result goes to that file instead, so the pipeline's own stdout stays one JSON.
+Heavy modules (torch, Lightning, MLflow) are imported only once a stage runs, so a mistyped stage or key
+fails in well under a second.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 from pathlib import Path
 
-from nope_lightning.config import to_yaml
+from nope_lightning import quiet
+
+DESCRIPTION = "Length generalization without position encoding (NoPE): pretraining, temperature search, " \
+              "HeadScale, RoPE/ALiBi baselines, evaluation and reports."
+EPILOG = """examples:
+  nope-lightning stages
+  nope-lightning config pretrain conf/pretrain/tiny.yaml
+  nope-lightning run pretrain model.pos_encoding=rope
+  nope-lightning run pipeline experiments/tiny.yaml
+
+stdout holds only the stage's JSON result; progress and logs go to stderr."""
 
 
 def _split(args: list[str]) -> tuple[str | None, list[str]]:
@@ -27,31 +44,40 @@ def _split(args: list[str]) -> tuple[str | None, list[str]]:
     return None, args
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nope-lightning", description=__doc__.splitlines()[0])
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nope-lightning", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a stage")
-    run.add_argument("stage")
-    run.add_argument("args", nargs="*", help="[conf.yaml] [key=value ...]")
-    show = sub.add_parser("config", help="print a stage's resolved config")
-    show.add_argument("stage")
-    show.add_argument("args", nargs="*")
+    for name, help_text in (("run", "run a stage"), ("config", "print a stage's resolved config, run nothing")):
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        command.add_argument("stage", help="a stage name (see: nope-lightning stages)")
+        command.add_argument("args", nargs="*", metavar="[conf.yaml] [key=value ...]",
+                             help="a YAML of differences from the stage's defaults, then overrides")
     sub.add_parser("stages", help="list the stages")
-    ns = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    quiet.install()
+    ns = _parser().parse_args(argv)
 
     from nope_lightning.run import STAGES, run_stage, stage_config
 
     if ns.command == "stages":
+        width = max(map(len, STAGES))
         for name, stage in STAGES.items():
-            print(f"{name:14s} {stage.summary}")
+            print(f"{name:{width}s}  {stage.summary}")
         return 0
     try:
         yaml_path, overrides = _split(ns.args)
         cfg = stage_config(ns.stage, yaml_path, overrides)
         if ns.command == "config":
+            from nope_lightning.config import to_yaml
+
             print(to_yaml(cfg), end="")
             return 0
-        result = run_stage(ns.stage, cfg)
+        with contextlib.redirect_stdout(sys.stderr):
+            result = run_stage(ns.stage, cfg)
     except (ValueError, FileNotFoundError) as err:
         print(f"nope-lightning: error: {err}", file=sys.stderr)
         return 2
@@ -59,9 +85,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if rank_zero_only.rank == 0:  # DDP re-runs this command line in every rank; report once
         text = json.dumps(result, indent=1, default=str)
-        print(text)
-        if os.environ.get("NOPE_LIGHTNING_RESULT"):  # a pipeline running this stage as a subprocess
+        if os.environ.get("NOPE_LIGHTNING_RESULT"):
             Path(os.environ["NOPE_LIGHTNING_RESULT"]).write_text(text)
+        else:
+            print(text)
     return 0
 
 

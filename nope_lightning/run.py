@@ -6,12 +6,11 @@ exactly a CLI run with overrides and can be replayed from the command line.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from nope_lightning.config import TrainerConfig, load_config
 
@@ -66,7 +65,9 @@ STAGES: dict[str, Stage] = {
 
 def get_stage(name: str) -> Stage:
     if name not in STAGES:
-        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+        close = difflib.get_close_matches(name, STAGES, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"unknown stage {name!r}; {hint}stages: {', '.join(STAGES)}")
     return STAGES[name]
 
 
@@ -93,6 +94,8 @@ def configure_threads(cfg: TrainerConfig) -> int:
     trains faster on 2 threads than on 1, and 2 DDP processes x 1 thread are faster still; so ``threads=0``
     gives each of the ``devices`` processes ``cores // devices`` threads. GPU runs keep torch's default.
     """
+    import torch
+
     threads = cfg.threads
     if threads == 0:
         if _uses_gpu(cfg):
@@ -103,11 +106,15 @@ def configure_threads(cfg: TrainerConfig) -> int:
 
 
 def _uses_gpu(cfg: TrainerConfig) -> bool:
+    import torch
+
     return cfg.accelerator in ("gpu", "cuda") or (cfg.accelerator == "auto" and torch.cuda.is_available())
 
 
 def check_strategy(cfg: TrainerConfig) -> None:
     """Fail before any compute on a strategy this machine cannot run."""
+    import torch
+
     if cfg.strategy == "fsdp" and not (_uses_gpu(cfg) and torch.cuda.is_available()):
         raise ValueError("trainer.strategy=fsdp needs CUDA GPUs (FSDP does not run on CPU); "
                          "on CPU use trainer.strategy=ddp trainer.devices=2")
@@ -133,8 +140,11 @@ def build_trainer(cfg: TrainerConfig, *, logger: Any = None, callbacks: list | N
     """A ``lightning.pytorch.Trainer`` from ``TrainerConfig``: step-based, no epochs, no sanity check.
 
     Validation runs every ``val_every_n_steps`` optimizer steps (0: only at the end) on ``val_batches``.
+    With ``progress_bar`` on, progress goes to stderr in optimizer steps (``progress.StepProgressBar``).
     """
     from lightning.pytorch import Trainer
+
+    from nope_lightning.progress import StepProgressBar
 
     check_strategy(cfg)
     configure_threads(cfg)
@@ -161,6 +171,6 @@ def build_trainer(cfg: TrainerConfig, *, logger: Any = None, callbacks: list | N
         enable_checkpointing=enable_checkpointing,
         use_distributed_sampler=False,  # our data modules shard by rank themselves
         logger=logger if logger is not None else False,
-        callbacks=callbacks or [],
+        callbacks=[*(callbacks or []), *([StepProgressBar()] if cfg.progress_bar else [])],
         default_root_dir=default_root_dir,
     )

@@ -15,6 +15,32 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+# Fixed colours for the position encodings most figures share, so nope and rope never swap or share a hue.
+FIXED_SLOTS = {"nope": 0, "rope": 1, "alibi": 2}
+PALETTE = plt.get_cmap("tab10").colors  # qualitative: ten distinct hues, no light/dark pairs
+FREE = [i for i in range(len(PALETTE)) if i not in FIXED_SLOTS.values()]
+MARKERS = "osD^vP*Xh<>p"
+LINESTYLES = ("-", "--", ":")
+_slots: dict[str, int] = {}  # other methods, numbered in first-drawn order: one style per label per process
+
+
+def method_style(label: str) -> dict:
+    """Line style of a method, the same in every figure of a process (a report draws several).
+
+    Colour from tab10; each method also gets its own hollow marker, so a curve hidden under another
+    still shows, and methods beyond the free colours repeat a colour with another line style.
+    """
+    if label in FIXED_SLOTS:
+        color, marker, linestyle = PALETTE[FIXED_SLOTS[label]], MARKERS[FIXED_SLOTS[label]], "-"
+    else:
+        slot = _slots.setdefault(label, len(_slots))
+        color = PALETTE[FREE[slot % len(FREE)]]
+        marker = MARKERS[(len(FIXED_SLOTS) + slot) % len(MARKERS)]
+        linestyle = LINESTYLES[slot // len(FREE) % len(LINESTYLES)]
+    return {"color": color, "marker": marker, "linestyle": linestyle, "markerfacecolor": "none",
+            "markersize": 5}
+
+
 def position_curves(logppl: Mapping[str, tuple[Sequence[float], Sequence[float]]],
                     entropy: Mapping[str, tuple[Sequence[float], Sequence[float]]], train_len: int,
                     bound: tuple[Sequence[float], Sequence[float]] | None = None, title: str = ""):
@@ -24,19 +50,16 @@ def position_curves(logppl: Mapping[str, tuple[Sequence[float], Sequence[float]]
     ``bound`` (positions, log i) is drawn as the entropy upper bound.
     """
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
-    colors = {label: plt.get_cmap("tab20")(i % 20) for i, label in enumerate({**logppl, **entropy})}
-    for label, (x, y) in logppl.items():
-        top.plot(x, y, marker=".", label=label, color=colors[label])
-    for label, (x, y) in entropy.items():
-        bottom.plot(x, y, marker=".", label=label, color=colors[label])
+    for ax, curves in ((top, logppl), (bottom, entropy)):
+        for label, (x, y) in curves.items():
+            ax.plot(x, y, label=label, linewidth=1.2, alpha=0.9, **method_style(label))
     if bound is not None:
         bottom.plot(*bound, color="gray", linestyle=":", label="log i (uniform attention)")
     for ax, ylabel in ((top, "log-PPL (nats/token)"), (bottom, "attention entropy (nats)")):
         ax.axvline(train_len, color="black", linestyle="--", linewidth=1)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     bottom.set_xlabel(f"position (train length {train_len} dashed)")
     top.set_title(title)
     fig.tight_layout()
@@ -74,20 +97,36 @@ def entropy_heatmap(entropy: np.ndarray, edges: Sequence[int], train_len: int, t
 
 def passkey_heatmap(accuracy: Mapping[tuple[int, float], float], title: str = ""):
     """Fig 6 style: passkey accuracy per (length, depth) cell, depth on y, length on x."""
-    lengths = sorted({length for length, _ in accuracy})
-    depths = sorted({depth for _, depth in accuracy})
-    grid = np.array([[accuracy.get((length, depth), np.nan) for length in lengths] for depth in depths])
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 4.5))
-    image = ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-    fig.colorbar(image, ax=ax, label="accuracy")
-    ax.set_xticks(range(len(lengths)), [str(length) for length in lengths])
-    ax.set_yticks(range(len(depths)), [f"{round(100 * d)}%" for d in depths])
-    ax.set_xlabel("prompt length (tokens)")
-    ax.set_ylabel("key depth")
-    for (row, col), value in np.ndenumerate(grid):
-        if not np.isnan(value):
-            ax.text(col, row, f"{value:.1f}", ha="center", va="center", fontsize=7)
-    ax.set_title(title)
+    return passkey_heatmaps({title: accuracy})
+
+
+def passkey_heatmaps(panels: Mapping[str, Mapping[tuple[int, float], float]], columns: int = 4):
+    """One passkey heat map per ``title -> {(length, depth): accuracy}``, side by side, sharing one colour
+    bar (0-1); each cell shows its accuracy, and a cell no prompt was scored in stays blank."""
+    cols = min(columns, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(1.4 + 2.6 * cols, 0.8 + 2.6 * rows), squeeze=False,
+                             layout="constrained")
+    cmap = plt.get_cmap("RdYlGn")
+    for ax, (title, accuracy) in zip(axes.flat, panels.items(), strict=False):
+        lengths = sorted({length for length, _ in accuracy})
+        depths = sorted({depth for _, depth in accuracy})
+        grid = np.array([[accuracy.get((length, depth), np.nan) for length in lengths] for depth in depths])
+        image = ax.imshow(grid, vmin=0, vmax=1, cmap=cmap, aspect="auto")
+        ax.set_xticks(range(len(lengths)), [str(length) for length in lengths], fontsize=7)
+        ax.set_yticks(range(len(depths)), [f"{round(100 * d)}%" for d in depths], fontsize=7)
+        for (row, col), value in np.ndenumerate(grid):
+            if not np.isnan(value):
+                red, green, blue, _ = cmap(value)
+                dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5  # white text on dark cells
+                ax.text(col, row, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if dark else "black")
+        ax.set_title(title, fontsize=9)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.supxlabel("prompt length (tokens)", fontsize=9)
+    fig.supylabel("key depth", fontsize=9)
+    fig.colorbar(image, ax=axes, label="passkey accuracy", shrink=0.9)
     return fig
 
 

@@ -1,0 +1,80 @@
+"""Training progress on stderr, counted in optimizer steps (``run.build_trainer`` installs it).
+
+Our runs are step-based with one endless epoch, which Lightning's bar shows as "Epoch 0/-2 … v_num: 1120"
+on stdout. This one shows "train 150/700 [elapsed<ETA] loss=…" on stderr, so stdout keeps only the
+command's JSON result. When stderr is not a terminal (a log file), a bar would be a run of carriage
+returns, so it writes one plain line per tenth of the run instead, with the same ETA.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
+from tqdm import tqdm as _tqdm
+
+LINES = 10  # plain lines per run when stderr is not a terminal
+
+
+class StepProgressBar(TQDMProgressBar):
+    def __init__(self) -> None:
+        super().__init__()
+        self._lines = not sys.stderr.isatty()
+        self._start = (0.0, 0)  # (time, step) when this fit began: a resumed run's ETA counts from there
+        self._written = -1  # the last step given a line (with gradient accumulation a step spans batches)
+
+    @property
+    def validation_description(self) -> str:
+        return "validate"
+
+    @property
+    def test_description(self) -> str:
+        return "evaluate"
+
+    def _bar(self, desc: str, *, leave: bool, row: int = 0) -> Tqdm:
+        return Tqdm(desc=desc, position=2 * self.process_position + row, disable=self.is_disabled or self._lines,
+                    leave=leave, dynamic_ncols=True, file=sys.stderr, smoothing=0, bar_format=self.BAR_FORMAT)
+
+    def init_train_tqdm(self) -> Tqdm:
+        return self._bar("train", leave=True)
+
+    def init_validation_tqdm(self) -> Tqdm:
+        return self._bar(self.validation_description, leave=False, row=1)
+
+    def init_test_tqdm(self) -> Tqdm:
+        return self._bar(self.test_description, leave=True)
+
+    def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)  # the logger's version number, meaningless next to an MLflow run id
+        return metrics
+
+    def on_train_epoch_start(self, trainer, *_: Any) -> None:
+        bar = self.train_progress_bar
+        bar.reset(total=trainer.max_steps)
+        bar.initial = bar.n = trainer.global_step
+        bar.set_description("train")
+        self._start = (time.monotonic(), trainer.global_step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        step, total = trainer.global_step, trainer.max_steps
+        if not self._should_update(step, total):
+            return
+        if self._lines:
+            if step != self._written and (step == total or step % max(1, total // LINES) == 0):
+                self._written = step
+                self._write_line(step, total, self.get_metrics(trainer, pl_module))
+        elif step != self.train_progress_bar.n:
+            self.train_progress_bar.n = step
+            self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+    def _write_line(self, step: int, total: int, metrics: dict[str, Any]) -> None:
+        began, first = self._start
+        elapsed = time.monotonic() - began
+        eta = elapsed / (step - first) * (total - step) if step > first else 0.0
+        shown = ", ".join(f"{k}={Tqdm.format_num(v)}" for k, v in metrics.items())
+        print(f"train {step}/{total} ({100 * step // total}%) {_tqdm.format_interval(elapsed)} elapsed, "
+              f"ETA {_tqdm.format_interval(eta)}" + (f", {shown}" if shown else ""), file=sys.stderr, flush=True)
