@@ -53,7 +53,7 @@ def test_claims_get_verdicts_from_our_numbers_and_say_when_unmeasured():
         "nope lambda=best@2x": result([3.0] * 8, {100: 31.0, 200: 35.0, 400: 50.0}),
         "nope lambda=1.5": result([3.0] * 8, {100: 33.0, 200: 36.0, 400: 45.0}),
     }
-    table = claims_table(evals, [{"fit": {"a": 0.2, "r2": 0.8}}])
+    table = claims_table(evals, [{"best": {"200": 1.2, "400": 1.4}, "fit": {"a": 0.2, "r2": 0.8}}])
     rows = {line.split(" | ")[0].lstrip("| "): line.rsplit(" | ", 1)[1].rstrip(" |")
             for line in table.splitlines()[4:]}
     verdict = {k.split(" (")[0]: v for k, v in rows.items()}
@@ -65,13 +65,15 @@ def test_claims_get_verdicts_from_our_numbers_and_say_when_unmeasured():
     assert verdict["HeadScale beats the best uniform lambda at 4x"] == "not measured"
     assert verdict["failure co-occurs with rising attention entropy"] == "reproduced"
     assert verdict["NoPE retrieves the passkey past L where RoPE does not"] == "reproduced"  # 0.6 > 0.0
-    assert verdict["the best lambda grows like 1 + a ln s"] == "reproduced"
+    assert verdict["the best uniform lambda is > 1 past L and rises with length"] == "reproduced"
+    assert verdict["the per-position best lambda fits 1 + a ln s"] == "reproduced"
     evals["rope"]["ppl"]["kjv"]["100"]["ppl"] = 20.0  # now NoPE is 50 % worse in distribution
     evals["nope"]["passkey"]["by_length"]["100"] = 0.2  # retrieval never learned: the claim is untestable
-    table = claims_table(evals, [{"fit": {"a": -0.1, "r2": 0.1}}])
+    table = claims_table(evals, [{"best": {"200": 1.2, "400": 1.0}, "fit": {"a": 0.1, "r2": 0.1}}])
     assert "| NoPE ≈ RoPE within L (PPL at 1x within 10 %) | 14.6 vs 14.5 | 30.0 vs 20.0 | not reproduced |" in table
     assert "untestable: in-distribution accuracy < 0.5 | not measured |" in table
-    assert "a = -0.100, R^2 = 0.10 | not reproduced |" in table
+    assert "a = 0.100, R^2 = 0.10 | not reproduced |" in table  # a > 0 but the fit explains nothing
+    assert "1.2 at 200 / 1 at 400 | not reproduced |" in table
 
 
 def test_a_degenerate_ablation_and_an_edge_optimum_are_flagged():
