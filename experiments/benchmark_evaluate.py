@@ -6,8 +6,13 @@
    one measurement does not inherit another's heap).
 2. Evaluation throughput of the small model: tokens/s of a plain scoring forward and of a forward with the
    entropy probe attached, at each length.
+3. Generation time of the small model (``train_len`` 256) at 8x ``train_len``: passkey-style (a 2048-token
+   prompt, 10 new tokens) and long-context-style (64 new tokens) greedy decoding, with the KV cache vs full
+   forwards per token, interleaved best-of repeats, and the ratio. Both decoders give the same tokens
+   (asserted here; the tests prove it for every position encoding).
 
-Usage: ``python experiments/benchmark_evaluate.py [--base 1024] [--heads 4] [--head-size 32] [--chunk 256]``.
+Usage: ``python experiments/benchmark_evaluate.py [--base 1024] [--heads 4] [--head-size 32] [--chunk 256]
+[--only generation]``.
 """
 
 from __future__ import annotations
@@ -79,6 +84,28 @@ def throughput(T: int, batch: int, repeats: int = 3) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
+def generation_times(pe: str, prompt_len: int, new_tokens: int, batch: int,
+                     repeats: int = 2) -> tuple[float, float]:
+    """Seconds (best of ``repeats``) to greedily decode ``new_tokens`` after ``batch`` random prompts of
+    ``prompt_len`` tokens with the small model (position encoding ``pe``): (cached, full forwards)."""
+    from nope_lightning.config import ModelConfig
+    from nope_lightning.eval.generate import greedy_decode
+    from nope_lightning.model import GPT
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(pos_encoding=pe), 2048, 256).eval()
+    prompts = torch.randint(0, 2048, (batch, prompt_len)).tolist()
+    best = {True: float("inf"), False: float("inf")}
+    outputs = {}
+    for _ in range(repeats):
+        for cached in (True, False):
+            start = time.perf_counter()
+            outputs[cached] = greedy_decode(model, prompts, new_tokens, vocab_size=2048, use_cache=cached)
+            best[cached] = min(best[cached], time.perf_counter() - start)
+    assert outputs[True] == outputs[False], "cached and full-forward decoding disagree"
+    return best[True], best[False]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", type=int, default=1024)
@@ -86,7 +113,31 @@ def main() -> None:
     parser.add_argument("--head-size", type=int, default=32)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--only", choices=("memory", "throughput", "generation"), default=None,
+                        help="run one part of the benchmark")
     args = parser.parse_args()
+    if args.only in (None, "memory"):
+        entropy_memory(args)
+    torch.set_num_threads(os.cpu_count() or 1)
+    if args.only in (None, "throughput"):
+        print(f"\nsmall model (4 x 128), batch {args.batch}, {torch.get_num_threads()} threads: evaluation tokens/s")
+        print(f"{'T':>6s} {'forward':>9s} {'+entropy':>9s}")
+        for T in [args.base * m for m in (1, 2, 4)]:
+            plain, probed = throughput(T, args.batch)
+            print(f"{T:6d} {plain:9.0f} {probed:9.0f}")
+    if args.only in (None, "generation"):
+        prompt_len = 8 * 256
+        print(f"\ngreedy generation, small model (train_len 256), prompt {prompt_len} tokens, batch {args.batch}, "
+              f"{torch.get_num_threads()} threads: seconds")
+        print(f"{'PE':>6s} {'new':>4s} {'cached':>8s} {'full':>8s} {'speedup':>8s}")
+        for pe in ("nope", "rope", "alibi"):
+            for new_tokens in (10, 64):
+                cached, full = generation_times(pe, prompt_len, new_tokens, args.batch)
+                print(f"{pe:>6s} {new_tokens:4d} {cached:8.2f} {full:8.2f} {full / cached:7.1f}x")
+
+
+def entropy_memory(args: argparse.Namespace) -> None:
+    """Part 1: the peak-memory table."""
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # inherited by the spawned children
     lengths = [args.base * m for m in (1, 2, 4, 8)]
     print(f"attention entropy, peak memory growth (MiB), H={args.heads}, d={args.head_size}, chunk={args.chunk}")
@@ -95,12 +146,6 @@ def main() -> None:
         chunked = peak_memory("chunked", T, args.heads, args.head_size, args.chunk)
         naive = peak_memory("naive", T, args.heads, args.head_size, args.chunk)
         print(f"{T:6d} {chunked:9.1f} {naive:9.1f} {naive / max(chunked, 1e-9):14.1f}")
-    torch.set_num_threads(os.cpu_count() or 1)
-    print(f"\nsmall model (4 x 128), batch {args.batch}, {torch.get_num_threads()} threads: evaluation tokens/s")
-    print(f"{'T':>6s} {'forward':>9s} {'+entropy':>9s}")
-    for T in lengths[:3]:
-        plain, probed = throughput(T, args.batch)
-        print(f"{T:6d} {plain:9.0f} {probed:9.0f}")
 
 
 if __name__ == "__main__":

@@ -1,24 +1,32 @@
-"""LongBench metrics on hand-computed examples, the JSONL loader, and the synthetic long-context tasks."""
+"""LongBench metrics on hand-computed examples (through the official packages), the protocol of a run on a
+scripted model, the JSONL loader, and the synthetic long-context tasks."""
 
 import json
 import random
 import re
+import string
 
 import pytest
+import torch
+from torch import nn
 
 from nope_lightning.eval.longbench import (
     DATASET_TO_METRIC,
-    MAX_NEW_TOKENS,
+    LongBenchConfig,
     classification_score,
     code_sim_score,
     count_score,
-    fuzz_ratio,
     load_longbench,
     normalize_answer,
     qa_f1_score,
+    qa_f1_zh_score,
     retrieval_score,
+    retrieval_zh_score,
     rouge_score,
+    rouge_zh_score,
+    run_longbench,
     scorer,
+    scorer_e,
     truncate_middle,
 )
 from nope_lightning.eval.longctx import (
@@ -29,7 +37,10 @@ from nope_lightning.eval.longctx import (
     string_match_all,
     variable_tracking,
 )
+from tests.conftest import REPO
 from tests.helpers import WORDS, HFTokenizer, WhitespaceTokenizer
+
+LONGBENCH_DATA = REPO / "tests/data/longbench"
 
 # ---- LongBench metrics -----------------------------------------------------------------------------------
 
@@ -64,11 +75,21 @@ def test_rouge_l_empty_texts_score_zero():
     assert rouge_score("a summary", "") == 0.0
 
 
+def test_chinese_metrics_use_jieba_words():
+    # jieba: 北京/是/中国/的/首都 and 首都/是/北京/。 ("。" normalised away): 3 common words, P = 1, R = 3/5.
+    assert qa_f1_zh_score("首都是北京。", "北京是中国的首都") == pytest.approx(0.75)
+    # ROUGE-L on those words: the longest common subsequence is one word; P = 1/4, R = 1/5, F = 2/9.
+    assert rouge_zh_score("首都是北京。", "北京是中国的首都") == pytest.approx(2 / 9, abs=1e-7)
+    assert retrieval_zh_score("段落3 和 段落 3 还有 4", "段落3") == pytest.approx(2 / 3)
+
+
 def test_classification_score():
     classes = ["Location", "Other location", "Entity", "Description"]
-    # "Location" is a proper substring of the gold "Other location", so it does not compete.
     assert classification_score("Other location", "Other location", all_classes=classes) == 1.0
     assert classification_score("Location or Entity", "Location", all_classes=classes) == 0.5
+    # LongBench removes substrings of the gold class while iterating, which skips the next one: of A, AB, B
+    # found in "ABC", A is removed, AB skipped, B removed, so AB still competes: 1/2, not 1.
+    assert classification_score("ABC", "ABC", all_classes=["A", "AB", "B", "ABC"]) == 0.5
     assert classification_score("Description", "Entity", all_classes=classes) == 0.0
     assert classification_score("nothing", "Entity", all_classes=classes) == 0.0
 
@@ -81,7 +102,7 @@ def test_count_and_retrieval_scores():
     assert retrieval_score("Paragraph 12", "Paragraph 12") == 1.0
     assert retrieval_score(" 12.", "Paragraph 12") == 1.0
     assert retrieval_score("Paragraph 1 or Paragraph 12", "Paragraph 12") == 0.5
-    with pytest.raises(ValueError, match="Paragraph k"):
+    with pytest.raises(ValueError, match="does not match"):
         retrieval_score("12", "twelve")
 
 
@@ -91,8 +112,7 @@ def test_code_sim_score_uses_first_line_without_fences_or_comments():
     assert code_sim_score(prediction, "x = foo(2)") == 0.9
     assert code_sim_score("x = foo(2)", "x = foo(2)") == 1.0
     assert code_sim_score("# only a comment", "x = 1") == 0.0
-    assert fuzz_ratio("", "") == 100 and fuzz_ratio("", "a") == 0
-    assert fuzz_ratio("abcd", "abce") == 75
+    assert code_sim_score("abcd", "abce") == 0.75
 
 
 def test_scorer_max_over_answers_first_line_and_rounding():
@@ -108,10 +128,12 @@ def test_scorer_max_over_answers_first_line_and_rounding():
         scorer("hotpotqa", ["a", "b"], [["a"]])
 
 
-def test_english_task_maps_agree():
-    assert set(DATASET_TO_METRIC) == set(MAX_NEW_TOKENS)
-    assert len(DATASET_TO_METRIC) == 16
-    assert MAX_NEW_TOKENS["gov_report"] == 512 and MAX_NEW_TOKENS["hotpotqa"] == 32
+def test_all_21_tasks_and_longbench_e_buckets():
+    assert len(DATASET_TO_METRIC) == 21 and DATASET_TO_METRIC["vcsum"] is rouge_zh_score
+    # Buckets by the sample's length: < 4000, < 8000, the rest; qa F1 per sample 1, 0 | 1 | 0.
+    got = scorer_e("hotpotqa_e", ["Paris", "x", "Paris", "x"], [["Paris"]] * 4, [100, 3999, 4000, 8000])
+    assert got == {"0-4k": 50.0, "4-8k": 100.0, "8k+": 0.0}
+    assert scorer_e("hotpotqa_e", ["Paris"], [["Paris"]], [10]) == {"0-4k": 100.0}
 
 
 def test_truncate_middle():
@@ -157,6 +179,86 @@ def test_load_longbench_names_file_line_and_missing_field(tmp_path):
         load_longbench(path)
     with pytest.raises(ValueError, match="does not exist"):
         load_longbench(tmp_path / "absent.jsonl")
+    path = write_jsonl(tmp_path / "mine.jsonl", [record(dataset="my_task")])
+    with pytest.raises(ValueError, match=r"mine\.jsonl:1: unknown LongBench task 'my_task'"):
+        load_longbench(path)
+
+
+# ---- a run: LongBench's protocol on a scripted model ----------------------------------------------------
+
+class CharTokenizer:
+    """One id per character; 0 = BOS, 1 = EOS (dropped by decode, as ours)."""
+
+    def __init__(self, alphabet: str) -> None:
+        self.ids = {ch: i + 2 for i, ch in enumerate(alphabet)}
+        self.chars = {i: ch for ch, i in self.ids.items()}
+        self.bos_id, self.eos_id, self.vocab_size = 0, 1, len(alphabet) + 2
+
+    def encode(self, text: str) -> list[int]:
+        return [self.ids[ch] for ch in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars.get(i, "") for i in ids)
+
+
+class BigramOracle(nn.Module):
+    """Predicts the next character from the current one: ":" -> A -> B -> newline -> C -> A; everything
+    else -> EOS. Records the length of every forward."""
+
+    def __init__(self, tok: CharTokenizer) -> None:
+        super().__init__()
+        self.anchor = nn.Parameter(torch.zeros(1))  # generation reads the device from the parameters
+        table = torch.full((tok.vocab_size,), tok.eos_id)
+        for a, b in zip(":AB\nC", "AB\nCA", strict=True):
+            table[tok.ids[a]] = tok.ids[b]
+        self.table, self.vocab, self.lengths = table, tok.vocab_size, []
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self.lengths.append(ids.size(1))
+        return nn.functional.one_hot(self.table[ids], self.vocab).float()
+
+
+@pytest.fixture
+def oracle():
+    tok = CharTokenizer(string.printable)
+    return BigramOracle(tok), tok
+
+
+def test_run_follows_templates_budgets_stops_and_truncation(oracle):
+    model, tok = oracle
+    metrics = run_longbench(model, tok, LONGBENCH_DATA / "sample.jsonl", 64, config_dir=LONGBENCH_DATA / "config")
+    # qasper (budget 6, no newline stop): "AB\nCAB" -> words [ab, cab]: F1 2/3 vs "AB", 1 vs "AB CAB".
+    # samsum: stops at the newline after "AB" (3 tokens), first line "AB": ROUGE-L 1.
+    assert metrics == {"longbench/qasper/score": pytest.approx(83.33), "longbench/samsum/score": 100.0}
+    template = json.loads((LONGBENCH_DATA / "config/dataset2prompt.json").read_text())["qasper"]
+    short = 1 + len(template.format(context="zz", input="who?"))  # BOS + prompt
+    # One forward per new token: 6 for each qasper sample; the long one cut to 64 - 6 positions; samsum 3.
+    samsum = 1 + len("Chat:\nA: hi\nB: yo\nSummary:")
+    assert model.lengths == [*range(short, short + 6), *range(58, 64), *range(samsum, samsum + 3)]
+
+
+def test_beam_search_and_longbench_e(oracle, tmp_path):
+    model, tok = oracle
+    rows = [json.loads(line) for line in (LONGBENCH_DATA / "sample.jsonl").read_text().splitlines()][:2]
+    path = write_jsonl(tmp_path / "qasper_e.jsonl", [{**r, "dataset": "qasper_e"} for r in rows])
+    metrics = run_longbench(model, tok, path, 64, config_dir=LONGBENCH_DATA / "config", num_beams=3)
+    # A one-hot model leaves beam search the greedy answer; lengths 120 and 5000 fall in two buckets.
+    assert metrics == {"longbench/qasper_e/score": pytest.approx(83.33),
+                       "longbench/qasper_e/0-4k/score": pytest.approx(66.67),
+                       "longbench/qasper_e/4-8k/score": 100.0}
+
+
+def test_run_rejects_bad_beams_config_and_tasks(oracle, tmp_path):
+    model, tok = oracle
+    data, config = LONGBENCH_DATA / "sample.jsonl", LONGBENCH_DATA / "config"
+    with pytest.raises(ValueError, match="num_beams=0 must be >= 1"):
+        run_longbench(model, tok, data, 64, config_dir=config, num_beams=0)
+    with pytest.raises(ValueError, match="dataset2prompt.json does not exist"):
+        run_longbench(model, tok, data, 64, config_dir=tmp_path)
+    path = write_jsonl(tmp_path / "lcc.jsonl", [record(dataset="lcc")])
+    with pytest.raises(ValueError, match="LongBench config has no prompt and budget for task 'lcc'"):
+        run_longbench(model, tok, path, 64, config_dir=config)
+    assert LongBenchConfig.load(config).task("qasper_e") == ("Read:\n{context}\nQ: {input}\nA:", 6)
 
 
 # ---- synthetic long-context tasks ------------------------------------------------------------------------

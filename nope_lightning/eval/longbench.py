@@ -1,27 +1,53 @@
-"""LongBench (Bai et al., 2023) English tasks: a loader for local JSONL files and the benchmark's own metrics.
+"""LongBench (Bai et al., 2023) run the LongBench way: its prompts, budgets, stops, truncation and metrics.
 
-No LongBench data ships offline; a user who has the files (``{dataset}.jsonl``, one sample per line with
-``input, context, answers, length, all_classes, dataset, language, _id``) loads them with
-``load_longbench``. The metric functions reproduce LongBench's definitions (its ``metrics.py`` and
-``eval.py``), each returning a score in [0, 1] for one prediction against one gold answer; ``scorer`` gives
-the task score in 0..100 as LongBench reports it. Decoding in LongBench is greedy with the per-task
-``MAX_NEW_TOKENS`` budget, and a prompt longer than the model's window is cut in the middle
-(``truncate_middle``).
+No LongBench data or configuration ships with us. A user who has LongBench's files passes a data file
+(``{dataset}.jsonl``, one sample per line with ``input, context, answers, length, all_classes, dataset,
+language, _id``; LongBench-E files are the same with ``dataset`` ending in ``_e``) and LongBench's config
+folder (``dataset2prompt.json``: the per-task prompt template with ``{context}``/``{input}`` fields;
+``dataset2maxlen.json``: the per-task generation budget). ``run_longbench`` then follows LongBench's
+``pred.py`` and ``eval.py`` for a base (non-chat) model:
+
+* the prompt is the task's template, tokenised and cut in the middle to the model's window minus the
+  generation budget (and the BOS we put first, as every training document starts);
+* decoding is greedy (or beam search, ``num_beams`` > 1), stops at EOS, and for samsum also at a newline
+  after at least one token (LongBench's extra ``eos_token_id`` and ``min_length``);
+* trec, triviaqa, samsum and lsht are scored on the prediction's first line; each task's metric is
+  LongBench's: token F1 (jieba words for Chinese), ROUGE-L F from the ``rouge`` package (on jieba words for
+  Chinese), ``fuzzywuzzy``'s ratio for code, class / count / paragraph matches; the task score is 100 x the
+  mean over samples of the best score over gold answers, and for LongBench-E also per length bucket
+  (``0-4k``, ``4-8k``, ``8k+`` of the sample's ``length``).
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 import string
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import jieba
+import torch
+from rouge import Rouge
+
+with warnings.catch_warnings():
+    # fuzzywuzzy warns that python-Levenshtein is absent; LongBench's requirements leave it out too, and its
+    # pure-Python ratio (difflib) is the one LongBench's published scores use.
+    warnings.simplefilter("ignore", UserWarning)
+    from fuzzywuzzy import fuzz
+
 REQUIRED_FIELDS = ("input", "context", "answers", "length", "all_classes", "dataset", "language", "_id")
 _PUNCTUATION = frozenset(string.punctuation)
+# LongBench's normalize_zh_answer: ASCII punctuation plus these full-width / CJK marks.
+_ZH_PUNCTUATION = _PUNCTUATION | frozenset(
+    "\uff01\uff1f\uff61\u3002\uff02\uff03\uff04\uff05\uff06\uff07\uff08\uff09\uff0a\uff0b\uff0c\uff0d"
+    "\uff0f\uff1a\uff1b\uff1c\uff1d\uff1e\uff20\uff3b\uff3c\uff3d\uff3e\uff3f\uff40\uff5b\uff5c\uff5d"
+    "\uff5e\uff5f\uff60\uff62\uff63\uff64\u3001\u3003\u300b\u300c\u300d\u300e\u300f\u3010\u3011\u3014"
+    "\u3015\u3016\u3017\u3018\u3019\u301a\u301b\u301c\u301d\u301e\u301f\u3030\u303e\u303f\u2013\u2014"
+    "\u2018\u2019\u201b\u201c\u201d\u201e\u201f\u2026\u2027\ufe4f.")
 
 
 @dataclass(frozen=True)
@@ -65,6 +91,8 @@ def _parse_sample(line: str, where: str) -> LongBenchSample:
     missing = [name for name in REQUIRED_FIELDS if name not in record]
     if missing:
         raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+    if task_of(str(record["dataset"])) not in DATASET_TO_METRIC:
+        raise ValueError(f"{where}: unknown LongBench task {record['dataset']!r}; known: {', '.join(DATASET_TO_METRIC)}")
     answers, classes = record["answers"], record["all_classes"]
     if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
         raise ValueError(f"{where}: field answers must be a list of strings")
@@ -98,6 +126,9 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.split())
 
 
+MetricFn = Callable[..., float]
+
+
 def token_f1(prediction: Sequence[str], gold: Sequence[str]) -> float:
     """Bag-of-tokens F1 (multiset overlap)."""
     same = sum((Counter(prediction) & Counter(gold)).values())
@@ -112,61 +143,46 @@ def qa_f1_score(prediction: str, ground_truth: str, **_) -> float:
     return token_f1(normalize_answer(prediction).split(), normalize_answer(ground_truth).split())
 
 
+def normalize_zh_answer(text: str) -> str:
+    """LongBench's Chinese normalisation: lowercase, drop ASCII and CJK punctuation, drop all whitespace."""
+    return "".join(ch for ch in text.lower() if ch not in _ZH_PUNCTUATION and not ch.isspace())
+
+
+def qa_f1_zh_score(prediction: str, ground_truth: str, **_) -> float:
+    """Token F1 over jieba words, each normalised, empty ones dropped (multifieldqa_zh)."""
+    def words(text: str) -> list[str]:
+        return [w for w in (normalize_zh_answer(t) for t in jieba.cut(text, cut_all=False)) if w]
+
+    return token_f1(words(prediction), words(ground_truth))
+
+
 def rouge_score(prediction: str, ground_truth: str, **_) -> float:
-    """ROUGE-L F as LongBench gets it from the ``rouge`` package (pltrdy, 1.0.1): summary-level union LCS.
-
-    Texts are split into sentences at every ``"."`` (empty pieces dropped, whitespace collapsed) and into
-    words at spaces, case-sensitively. For each reference sentence, the words of the LCS with each
-    predicted sentence are collected into one *set*; with u = the size of that set over all reference
-    sentences, recall = u / (distinct reference words), precision = u / (distinct predicted words), and
-    F = 2PR / (P + R + 1e-8). For one sentence without repeated words this is the textbook LCS F1. An empty
-    prediction or reference scores 0 (the package raises; LongBench catches it).
-    """
-    predicted, reference = _rouge_sentences(prediction), _rouge_sentences(ground_truth)
-    if not predicted or not reference:
+    """ROUGE-L F of the ``rouge`` package (``Rouge().get_scores``), 0 where it raises (empty texts), as
+    LongBench computes it."""
+    try:
+        return Rouge().get_scores([prediction], [ground_truth], avg=True)["rouge-l"]["f"]
+    except Exception:  # LongBench scores 0 whenever the package raises (e.g. on an empty text)
         return 0.0
-    lcs_words: set[str] = set()
-    for ref in reference:
-        for pred in predicted:
-            lcs_words.update(_lcs_words(ref, pred))
-    recall = len(lcs_words) / len({w for s in reference for w in s})
-    precision = len(lcs_words) / len({w for s in predicted for w in s})
-    return 2.0 * precision * recall / (precision + recall + 1e-8)
 
 
-def _rouge_sentences(text: str) -> list[list[str]]:
-    return [" ".join(piece.split()).split(" ") for piece in text.split(".") if piece]
-
-
-def _lcs_words(x: list[str], y: list[str]) -> list[str]:
-    """Words of one longest common subsequence of x and y (ties broken as the ``rouge`` package does)."""
-    table = [[0] * (len(y) + 1) for _ in range(len(x) + 1)]
-    for i, xi in enumerate(x, 1):
-        for j, yj in enumerate(y, 1):
-            table[i][j] = table[i - 1][j - 1] + 1 if xi == yj else max(table[i - 1][j], table[i][j - 1])
-    words, i, j = [], len(x), len(y)
-    while i and j:
-        if x[i - 1] == y[j - 1]:
-            words.append(x[i - 1])
-            i, j = i - 1, j - 1
-        elif table[i - 1][j] > table[i][j - 1]:
-            i -= 1
-        else:
-            j -= 1
-    return words
+def rouge_zh_score(prediction: str, ground_truth: str, **_) -> float:
+    """ROUGE-L over jieba words joined by spaces (dureader, vcsum)."""
+    return rouge_score(" ".join(jieba.cut(prediction, cut_all=False)),
+                       " ".join(jieba.cut(ground_truth, cut_all=False)))
 
 
 def classification_score(prediction: str, ground_truth: str, *, all_classes: Sequence[str] | None, **_) -> float:
-    """1/k if the gold class is among the k class names found in the prediction, else 0 (trec).
+    """1/k if the gold class is among the k class names found in the prediction, else 0 (trec, lsht).
 
-    Class names that are proper substrings of the gold class are not counted as found, so "Other" does not
-    compete with a gold "Other entity" that the prediction contains. (LongBench removes them from the list
-    while iterating over it, which skips the element after each removal; this removes them all.)
+    LongBench's rule verbatim: found names that are proper substrings of the gold class are removed from the
+    list while iterating over it, which skips the element after each removal (kept for comparability).
     """
     if all_classes is None:
         raise ValueError("classification_score needs the task's all_classes")
     found = [c for c in all_classes if c in prediction]
-    found = [c for c in found if c == ground_truth or c not in ground_truth]
+    for name in found:
+        if name in ground_truth and name != ground_truth:
+            found.remove(name)
     return 1.0 / len(found) if ground_truth in found else 0.0
 
 
@@ -175,12 +191,15 @@ def count_score(prediction: str, ground_truth: str, **_) -> float:
     return _fraction_equal(re.findall(r"\d+", prediction), ground_truth)
 
 
-def retrieval_score(prediction: str, ground_truth: str, **_) -> float:
-    """Fraction of the integers in the prediction that equal k of the gold "Paragraph k" (passage_retrieval)."""
-    match = re.search(r"Paragraph (\d+)", ground_truth)
-    if match is None:
-        raise ValueError(f"retrieval answer {ground_truth!r} is not of the form 'Paragraph k'")
-    return _fraction_equal(re.findall(r"\d+", prediction), match.group(1))
+def _retrieval(pattern: str) -> MetricFn:
+    def score(prediction: str, ground_truth: str, **_) -> float:
+        match = re.search(pattern, ground_truth)
+        if match is None:
+            raise ValueError(f"retrieval answer {ground_truth!r} does not match {pattern!r}")
+        return _fraction_equal(re.findall(r"\d+", prediction), match.group(1))
+
+    score.__doc__ = f"Fraction of the integers in the prediction equal to k of the gold ``{pattern}``."
+    return score
 
 
 def _fraction_equal(numbers: list[str], gold: str) -> float:
@@ -188,66 +207,48 @@ def _fraction_equal(numbers: list[str], gold: str) -> float:
 
 
 def code_sim_score(prediction: str, ground_truth: str, **_) -> float:
-    """Edit similarity of the first predicted line that contains none of ``\\```, ``#``, ``//`` (lcc, repobench-p).
-
-    LongBench skips lines *containing* those markers (fences and comments), not only lines starting with
-    them, and scores ``fuzzywuzzy.fuzz.ratio / 100``; without python-Levenshtein that ratio is
-    ``round(100 * difflib.SequenceMatcher(None, a, b).ratio())``, with 100 for equal strings and 0 when
-    one is empty.
-    """
+    """``fuzzywuzzy.fuzz.ratio / 100`` of the first predicted line that contains no backtick, ``#`` or
+    ``//`` (lcc, repobench-p); LongBench skips lines *containing* those markers, not only starting with them."""
     line = next((ln for ln in prediction.lstrip("\n").split("\n")
                  if "`" not in ln and "#" not in ln and "//" not in ln), "")
-    return fuzz_ratio(line, ground_truth) / 100
+    return fuzz.ratio(line, ground_truth) / 100
 
 
-def fuzz_ratio(a: str, b: str) -> int:
-    """``fuzzywuzzy.fuzz.ratio`` (pure-Python path): similarity 0..100."""
-    if a == b:
-        return 100
-    if not a or not b:
-        return 0
-    return round(100 * difflib.SequenceMatcher(None, a, b).ratio())
+retrieval_score = _retrieval(r"Paragraph (\d+)")
+retrieval_zh_score = _retrieval("\u6bb5\u843d(\\d+)")  # 段落k
 
-
-MetricFn = Callable[..., float]
-
+# LongBench's dataset2metric (all 21 tasks).
 DATASET_TO_METRIC: dict[str, MetricFn] = {
-    "narrativeqa": qa_f1_score,
-    "qasper": qa_f1_score,
-    "multifieldqa_en": qa_f1_score,
-    "hotpotqa": qa_f1_score,
-    "2wikimqa": qa_f1_score,
-    "musique": qa_f1_score,
-    "gov_report": rouge_score,
-    "qmsum": rouge_score,
-    "multi_news": rouge_score,
-    "trec": classification_score,
-    "triviaqa": qa_f1_score,
-    "samsum": rouge_score,
-    "passage_count": count_score,
-    "passage_retrieval_en": retrieval_score,
-    "lcc": code_sim_score,
-    "repobench-p": code_sim_score,
-}
-
-MAX_NEW_TOKENS: dict[str, int] = {
-    "narrativeqa": 128, "qasper": 128, "multifieldqa_en": 64, "hotpotqa": 32, "2wikimqa": 32, "musique": 32,
-    "gov_report": 512, "qmsum": 512, "multi_news": 512, "trec": 64, "triviaqa": 32, "samsum": 128,
-    "passage_count": 32, "passage_retrieval_en": 32, "lcc": 64, "repobench-p": 64,
+    "narrativeqa": qa_f1_score, "qasper": qa_f1_score, "multifieldqa_en": qa_f1_score,
+    "multifieldqa_zh": qa_f1_zh_score, "hotpotqa": qa_f1_score, "2wikimqa": qa_f1_score, "musique": qa_f1_score,
+    "dureader": rouge_zh_score, "gov_report": rouge_score, "qmsum": rouge_score, "multi_news": rouge_score,
+    "vcsum": rouge_zh_score, "trec": classification_score, "triviaqa": qa_f1_score, "samsum": rouge_score,
+    "lsht": classification_score, "passage_retrieval_en": retrieval_score, "passage_count": count_score,
+    "passage_retrieval_zh": retrieval_zh_score, "lcc": code_sim_score, "repobench-p": code_sim_score,
 }
 
 # Few-shot tasks: the model keeps generating more "examples", so only its first line is the answer.
-FIRST_LINE_DATASETS = frozenset({"trec", "triviaqa", "samsum"})
+FIRST_LINE_DATASETS = frozenset({"trec", "triviaqa", "samsum", "lsht"})
+# pred.py stops samsum at a newline too (after at least one token): it would repeat "\nDialogue" forever.
+NEWLINE_STOP_DATASETS = frozenset({"samsum"})
+# LongBench-E's buckets of the sample's ``length``: (name, upper bound, exclusive).
+LENGTH_BUCKETS = (("0-4k", 4000), ("4-8k", 8000), ("8k+", float("inf")))
+
+
+def task_of(dataset: str) -> str:
+    """The LongBench task of a data file's ``dataset`` field (LongBench-E's ``qasper_e`` -> ``qasper``)."""
+    return dataset.removesuffix("_e")
 
 
 def score_prediction(dataset: str, prediction: str, answers: Sequence[str],
                      all_classes: Sequence[str] | None = None) -> float:
     """Best score over the gold answers for one prediction, in [0, 1]."""
-    if dataset not in DATASET_TO_METRIC:
+    task = task_of(dataset)
+    if task not in DATASET_TO_METRIC:
         raise ValueError(f"unknown LongBench dataset {dataset!r}; known: {', '.join(DATASET_TO_METRIC)}")
-    if dataset in FIRST_LINE_DATASETS:
+    if task in FIRST_LINE_DATASETS:
         prediction = prediction.lstrip("\n").split("\n")[0]
-    metric = DATASET_TO_METRIC[dataset]
+    metric = DATASET_TO_METRIC[task]
     return max((metric(prediction, gold, all_classes=all_classes) for gold in answers), default=0.0)
 
 
@@ -259,3 +260,88 @@ def scorer(dataset: str, predictions: Sequence[str], answers: Sequence[Sequence[
                          f"{len(predictions)} predictions and {len(answers)} answer lists")
     total = sum(score_prediction(dataset, p, a, all_classes) for p, a in zip(predictions, answers, strict=True))
     return round(100 * total / len(predictions), 2)
+
+
+def scorer_e(dataset: str, predictions: Sequence[str], answers: Sequence[Sequence[str]], lengths: Sequence[int],
+             all_classes: Sequence[str] | None = None) -> dict[str, float]:
+    """LongBench-E: the task score per length bucket (``0-4k``, ``4-8k``, ``8k+``); empty buckets are absent."""
+    buckets: dict[str, list[float]] = {}
+    for prediction, gold, length in zip(predictions, answers, lengths, strict=True):
+        name = next(name for name, upper in LENGTH_BUCKETS if length < upper)
+        buckets.setdefault(name, []).append(score_prediction(dataset, prediction, gold, all_classes))
+    return {name: round(100 * sum(v) / len(v), 2) for name, _ in LENGTH_BUCKETS if (v := buckets.get(name))}
+
+
+# ---- LongBench's configuration and the run ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LongBenchConfig:
+    """LongBench's per-task prompt templates and generation budgets (tokens), from its config folder."""
+
+    prompts: dict[str, str]
+    max_new_tokens: dict[str, int]
+
+    @classmethod
+    def load(cls, folder: str | Path) -> LongBenchConfig:
+        """Read ``dataset2prompt.json`` and ``dataset2maxlen.json`` from LongBench's ``config`` folder."""
+        folder = Path(folder)
+        files = {name: folder / f"{name}.json" for name in ("dataset2prompt", "dataset2maxlen")}
+        for path in files.values():
+            if not path.is_file():
+                raise ValueError(f"LongBench config {path} does not exist (need dataset2prompt.json and "
+                                 f"dataset2maxlen.json from LongBench's config folder)")
+        prompts = json.loads(files["dataset2prompt"].read_text(encoding="utf-8"))
+        budgets = json.loads(files["dataset2maxlen"].read_text(encoding="utf-8"))
+        return cls({k: str(v) for k, v in prompts.items()}, {k: int(v) for k, v in budgets.items()})
+
+    def task(self, dataset: str) -> tuple[str, int]:
+        """(template, budget) of ``dataset``'s task; a ValueError if the config lacks it."""
+        task = task_of(dataset)
+        if task not in self.prompts or task not in self.max_new_tokens:
+            raise ValueError(f"LongBench config has no prompt and budget for task {task!r}")
+        return self.prompts[task], self.max_new_tokens[task]
+
+
+def prompt_ids(sample: LongBenchSample, template: str, tokenizer, window: int) -> list[int]:
+    """BOS + the filled template, cut in the middle to ``window`` tokens in all (``TextTokenizer``-like)."""
+    return [tokenizer.bos_id, *truncate_middle(tokenizer.encode(sample.prompt(template)), window - 1)]
+
+
+def run_longbench(model: torch.nn.Module, tokenizer, path: str | Path, max_positions: int, *,
+                  config_dir: str | Path, num_beams: int = 1, batch_size: int = 1) -> dict[str, float]:
+    """Predict and score a LongBench(-E) data file with LongBench's protocol (module doc).
+
+    ``tokenizer``: ``encode``/``decode`` plus ``bos_id``, ``eos_id``, ``vocab_size``; ``max_positions``:
+    the model's window (prompt + generated tokens). Returns ``longbench/{dataset}/score`` (0..100) per
+    dataset in the file and, for LongBench-E files, ``longbench/{dataset}/{bucket}/score``.
+    """
+    from nope_lightning.eval.generate import beam_search, greedy_generate
+
+    if num_beams < 1:
+        raise ValueError(f"num_beams={num_beams} must be >= 1")
+    config = LongBenchConfig.load(config_dir)
+    samples = load_longbench(path)
+    metrics: dict[str, float] = {}
+    for dataset in dict.fromkeys(s.dataset for s in samples):
+        group = [s for s in samples if s.dataset == dataset]
+        template, budget = config.task(dataset)
+        if budget >= max_positions - 1:
+            raise ValueError(f"{dataset}: a {budget}-token budget leaves no room for a prompt in "
+                             f"max_positions={max_positions}")
+        prompts = [prompt_ids(s, template, tokenizer, max_positions - budget) for s in group]
+        stops = {tokenizer.eos_id}
+        newline = task_of(dataset) in NEWLINE_STOP_DATASETS
+        if newline:
+            stops.add(tokenizer.encode("\n")[-1])
+        options = dict(vocab_size=tokenizer.vocab_size, eos_id=stops, min_new_tokens=int(newline))
+        if num_beams == 1:
+            generated = greedy_generate(model, prompts, budget, batch_size, **options)
+        else:
+            generated = [beam_search(model, p, budget, num_beams, **options) for p in prompts]
+        predictions = [tokenizer.decode(g) for g in generated]
+        answers = [s.answers for s in group]
+        metrics[f"longbench/{dataset}/score"] = scorer(dataset, predictions, answers, group[0].all_classes)
+        if dataset != task_of(dataset):
+            buckets = scorer_e(dataset, predictions, answers, [s.length for s in group], group[0].all_classes)
+            metrics.update({f"longbench/{dataset}/{name}/score": v for name, v in buckets.items()})
+    return metrics
