@@ -78,6 +78,10 @@ class ModelConfig:
     ``temperature`` is a uniform softmax temperature lambda in units of 1/sqrt(head_size);
     ``temperature_table`` is a file (.safetensors or .json) with a per-head table of shape
     (n_layer, n_head) in the same units, multiplied with ``temperature``.
+    Position-aware temperatures (``model/temperature.py``), multiplied with those: ``log_scale_a`` >= 0 is the
+    slope a of log-length scaling ``max(1, 1 + a ln((i+1)/train_len))`` for the query at position i (0: off),
+    ``log_scale_table`` a per-head table of slopes (what HeadScale-log saves; not with ``log_scale_a``);
+    ``ssmax`` pre-trains with Scalable-Softmax's learned per-head ``s ln(i+1)`` (nope, alibi, rope).
     """
 
     n_layer: int = 4
@@ -94,6 +98,9 @@ class ModelConfig:
     t5_max_distance: int = 128
     temperature: float = 1.0
     temperature_table: str = ""
+    log_scale_a: float = 0.0
+    log_scale_table: str = ""
+    ssmax: bool = False
     attention_backend: str = "sdpa"
     init_std: float = 0.02
 
@@ -109,6 +116,11 @@ class ModelConfig:
             raise ValueError(f"model.n_head={self.n_head} must be divisible by model.n_query_groups="
                              f"{self.n_query_groups}")
         check_range("model.temperature", self.temperature, 0.0, low_open=True)
+        check_range("model.log_scale_a", self.log_scale_a, 0.0)  # a < 0 would make max(1, ...) 1 everywhere
+        if self.log_scale_a and self.log_scale_table:
+            raise ValueError("model.log_scale_a and model.log_scale_table both set the slopes a: give one")
+        if self.ssmax and self.pos_encoding not in ("nope", "alibi", "rope"):
+            raise ValueError(f"model.ssmax=true supports pos_encoding nope, alibi or rope, not {self.pos_encoding}")
         check_range("model.t5_num_buckets", self.t5_num_buckets, 2)
         check_range("model.t5_max_distance", self.t5_max_distance, 1)
         if self.pos_encoding in ("sinusoidal", "learned", "rope") and self.head_size % 2:
@@ -375,16 +387,26 @@ class ExtensionConfig:
 
     ``temperature``: uniform lambda (units of 1/sqrt(d)); ``temperature_table``: per-head table file or
     ``runs:/<run_id>/<artifact path>``; ``rope_scaling``: NTK / dynamic NTK / YaRN zero-shot (or PI/YaRN
-    of a fine-tuned model) for RoPE models; ``attention_backend``: sdpa or flash.
+    of a fine-tuned model) for RoPE models; ``attention_backend``: sdpa or flash. Log-length scaling
+    ``max(1, 1 + a ln((i+1)/train_len))`` per query, multiplied with the temperatures (at most one of):
+    ``log_scale_a`` a given a >= 0; ``log_scale`` a scale-search run (id, ``runs:/<id>`` or its
+    ``scale_search.json``) whose fit ``a`` to use, refused when it was run on another model;
+    ``log_scale_table`` a per-head table file or ``runs:/<run_id>/<artifact path>`` (HeadScale-log's).
     """
 
     temperature: float = 1.0
     temperature_table: str = ""
     rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
     attention_backend: str = "sdpa"
+    log_scale_a: float = 0.0
+    log_scale: str = ""
+    log_scale_table: str = ""
 
     def __post_init__(self) -> None:
         check_range("extension.temperature", self.temperature, 0.0, low_open=True)
+        check_range("extension.log_scale_a", self.log_scale_a, 0.0)  # a < 0: max(1, ...) is 1 everywhere
+        if (self.log_scale_a > 0) + bool(self.log_scale) + bool(self.log_scale_table) > 1:
+            raise ValueError("extension.log_scale_a, log_scale and log_scale_table all set the slopes a: give one")
         check_choice("extension.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
 
 
@@ -404,6 +426,9 @@ class EvaluateConfig:
     context, as the reference evaluation does); ``first_full`` also scores all targets of a document's first
     window. Passkey: ``passkey_depths`` depths x ``passkey_keys`` keys per length, ``passkey_prompt``
     ``reference`` or ``compact`` (no task line); a length too short for the prompt is skipped with one line.
+    ``longbench_files``: LongBench(-E) JSONL files, run with the prompts and budgets of the user's LongBench
+    ``longbench_config`` folder (``longbench_beams`` >= 1). ``harness_tasks``: lm-evaluation-harness tasks
+    (``harness_include``: a folder of extra task YAMLs).
     """
 
     checkpoint: str = ""
@@ -428,6 +453,10 @@ class EvaluateConfig:
     longctx_tasks: list[str] = field(default_factory=lambda: list(LONGCTX_TASKS))
     longctx_samples: int = 5
     longbench_files: list[str] = field(default_factory=list)
+    longbench_config: str = ""
+    longbench_beams: int = 1
+    harness_tasks: list[str] = field(default_factory=list)
+    harness_include: str = ""
     max_new_tokens: int = 8
     seed: int = 1234
     name: str = ""
@@ -447,6 +476,10 @@ class EvaluateConfig:
         for task in self.longctx_tasks:
             check_choice("longctx_tasks", task, LONGCTX_TASKS)
         check_choice("split", self.split, SPLITS)
+        check_range("longbench_beams", self.longbench_beams, 1)
+        if self.longbench_files and not self.longbench_config:
+            raise ValueError("longbench_files need longbench_config=<your LongBench config folder> (the one "
+                             "holding dataset2prompt.json and dataset2maxlen.json)")
         check_choice("window_scoring", self.window_scoring, WINDOW_SCORING)
         check_choice("passkey_prompt", self.passkey_prompt, PASSKEY_PROMPTS)
 
@@ -527,6 +560,10 @@ class HeadScaleConfig:
     ``constraint``: the focus constraint lambda >= 1 (i.e. >= 1/sqrt(d)); false is the ablation.
     Defaults follow the paper: AdamW (0.9, 0.95), no weight decay, lr 0.1, 20 warm-up steps, cosine to
     0.1 lr, 200 steps, batch 8, a data seed different from pre-training.
+    ``parameterization``: ``lambda`` (the paper's per-head temperature) or ``log`` (HeadScale-log: one slope a
+    per head of the log-length temperature ``max(1, 1 + a ln((i+1)/train_len))``, a >= 0 by projection, the
+    same optimizer and budget; ``init=search`` starts every head from the scale-search's fit a,
+    ``default`` from a = 0, a number from that a).
     """
 
     checkpoint: str = ""
@@ -534,6 +571,7 @@ class HeadScaleConfig:
     init: str = "search"
     scale_search: str = ""
     constraint: bool = True
+    parameterization: str = "lambda"
     steps: int = 200
     batch_size: int = 8
     seed: int = 4321
@@ -560,6 +598,10 @@ class HeadScaleConfig:
         if self.init == "search" and not self.scale_search:
             raise ValueError("init=search needs scale_search=<scale-search run id or scale_search.json>; "
                              "or use init=default / init=<lambda>")
+        check_choice("parameterization", self.parameterization, ("lambda", "log"))
+        if self.parameterization == "log" and not self.constraint:
+            raise ValueError("parameterization=log has no constraint=false ablation: a >= 0 is part of the "
+                             "definition (with a < 0, max(1, 1 + a ln((i+1)/L)) is 1 everywhere)")
         for key in ("steps", "batch_size"):
             check_range(key, getattr(self, key), 1)
         check_range("entropy_windows", self.entropy_windows, 0)

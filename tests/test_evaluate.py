@@ -205,3 +205,33 @@ def test_validation_split_is_scored_under_its_own_name(evaluated):
         "position_windows=0", "eval_lengths=[64]"]))
     assert "val/len64/ppl" in result and not any(k.startswith("test/") for k in result)
     assert result["val/len64/ppl"] != pytest.approx(evaluated["plain"]["test/len64/ppl"])  # other documents
+
+
+def test_a_folder_corpus_is_a_whole_test_set_with_a_valid_metric_name(evaluated, tmp_path):
+    from nope_lightning.data import load_documents
+    from nope_lightning.data.corpus import corpus_label
+
+    folder = tmp_path / "my eval books"  # a space: the label must still be a valid MLflow name
+    folder.mkdir()
+    genesis = next(d for d in load_documents("tiny", tmp_path) if d.name == "kjv/Genesis")
+    (folder / "a.txt").write_text(genesis.text[:20000])
+    (folder / "b.txt").write_text(genesis.text[20000:40000])
+    base = [*evaluated["overrides"], "passkey_keys=0", "longctx_samples=0", "entropy_windows=0",
+            "position_windows=0", "eval_lengths=[64]", "ppl_tokens=100000"]
+    result = run_stage("evaluate", stage_config("evaluate", None, [*base, f"corpora=[tiny,'{folder}']"]))
+    label = corpus_label(str(folder))
+    assert label.startswith("my_eval_books-") and len(label) == len("my_eval_books-") + 6
+    key = f"test/{label}/len64/ppl"
+    assert key in result and "test/len64/ppl" in result  # the model's corpus first, the folder by its label
+    uri = next(o for o in evaluated["overrides"] if o.startswith("tracking.uri=")).split("=", 1)[1]
+    results = json.loads(download(TrackingConfig(uri=uri), result["run_id"], "results.json").read_text())
+    # both files scored, every window of each (no 10 % test share of the folder)
+    from nope_lightning.data import TextTokenizer
+
+    tok = TextTokenizer.load(next(p for p in evaluated["overrides"] if p.startswith("checkpoint=")).split("=", 1)[1]
+                             + "/tokenizer.json")
+    lengths = [len(tok.encode(t)) + 2 for t in (genesis.text[:20000], genesis.text[20000:40000])]
+    want = sum(64 - w.score_from for w in sliding_windows(lengths, 64, 8, 10**9))
+    assert results["ppl"][str(folder)]["64"]["tokens"] == want
+    with pytest.raises(ValueError, match="used whole as test data"):
+        run_stage("evaluate", stage_config("evaluate", None, [*base, f"corpora=['{folder}']", "split=val"]))

@@ -129,3 +129,14 @@ def test_passkey_accuracy_per_cell_length_and_metric_names(bpe):
     assert len(metrics) == 6
     with pytest.raises(ValueError, match="one result per sample"):
         passkey_accuracy(samples, correct[:-1])
+
+
+def test_passkey_is_scored_by_an_exact_match_of_the_key_tokens():
+    from nope_lightning.eval.passkey import score_passkey_tokens
+
+    key = [5, 1, 2, 3, 4, 6]
+    assert score_passkey_tokens([5, 1, 2, 3, 4, 6], key)
+    assert score_passkey_tokens([5, 1, 2, 3, 4, 6, 9, 9], key)  # what follows the key is not judged
+    assert not score_passkey_tokens([5, 1, 2, 3, 4], key)  # cut short
+    assert not score_passkey_tokens([1, 2, 3, 4, 6, 9], key)  # no leading space token
+    assert not score_passkey_tokens([5, 1, 2, 3, 4, 7], key)

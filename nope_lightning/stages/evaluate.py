@@ -32,16 +32,31 @@ from nope_lightning.eval.perplexity import (
 from nope_lightning.metrics import AttentionEntropy, position_buckets
 
 
-def extension_overrides(ext: ExtensionConfig, tracking_cfg: TrackingConfig) -> dict[str, Any]:
+def extension_overrides(ext: ExtensionConfig, tracking_cfg: TrackingConfig, checkpoint: str = "") -> dict[str, Any]:
     """Model fields set by an extension; a ``runs:/<id>/<path>`` table is downloaded first.
 
     ``rope_scaling.method=none`` leaves the exported model's scaling alone (a PI/YaRN fine-tune keeps its own).
+    ``log_scale`` (a scale-search's fit a) is checked against the model ``checkpoint`` it will be applied to.
     """
-    table = ext.temperature_table
-    if table.startswith("runs:/"):
+    def local(table: str) -> str:
+        if not table.startswith("runs:/"):
+            return table
         run_id, _, path = table.removeprefix("runs:/").partition("/")
-        table = str(tracking.download(tracking_cfg, run_id, path))
-    overrides = {"temperature": ext.temperature, "temperature_table": table,
+        return str(tracking.download(tracking_cfg, run_id, path))
+
+    log_scale_a = ext.log_scale_a
+    if ext.log_scale:
+        from nope_lightning.checkpoint import load_model
+        from nope_lightning.stages.headscale_log import fitted_slope
+        from nope_lightning.stages.scale_search import load_result
+
+        if not checkpoint:
+            raise ValueError("extension.log_scale needs the evaluated checkpoint (its fit must come from that model)")
+        fingerprint = load_model(checkpoint, tracking_cfg).fingerprint
+        log_scale_a = fitted_slope(load_result(ext.log_scale, tracking_cfg), fingerprint,
+                                   f"extension.log_scale={ext.log_scale}")
+    overrides = {"temperature": ext.temperature, "temperature_table": local(ext.temperature_table),
+                 "log_scale_a": log_scale_a, "log_scale_table": local(ext.log_scale_table),
                  "attention_backend": ext.attention_backend}
     if ext.rope_scaling.method != "none":  # else keep the export's own scaling (a PI/YaRN fine-tune's)
         overrides["rope_scaling"] = ext.rope_scaling
@@ -49,25 +64,44 @@ def extension_overrides(ext: ExtensionConfig, tracking_cfg: TrackingConfig) -> d
 
 
 def extension_label(ext: ExtensionConfig) -> str:
-    """Short name of a setting for run names and tables, e.g. ``plain``, ``lam1.2``, ``table``, ``yarn4``."""
+    """Short name of a setting for run names and tables, e.g. ``plain``, ``lam1.2``, ``table``, ``log0.3``,
+    ``logfit``, ``logtable``, ``yarn4``."""
     parts = []
     if ext.temperature != 1.0:
         parts.append(f"lam{ext.temperature:g}")
     if ext.temperature_table:
         parts.append("table")
+    if ext.log_scale_a:
+        parts.append(f"log{ext.log_scale_a:g}")
+    if ext.log_scale:
+        parts.append("logfit")
+    if ext.log_scale_table:
+        parts.append("logtable")
     if ext.rope_scaling.method != "none":
         parts.append(f"{ext.rope_scaling.method}{ext.rope_scaling.factor:g}")
     return "-".join(parts) or "plain"
 
 
 def split_documents_of(loaded: LoadedModel, corpus: str, tokenizer, split: str) -> list[tuple[str, np.ndarray]]:
-    """``(text, token ids)`` of the ``split`` (val or test) of ``corpus``, split as the model's data config
-    splits its own corpus; the ids carry BOS/EOS."""
+    """``(text, token ids)`` of the ``split`` (val or test) of ``corpus``; the ids carry BOS/EOS.
+
+    The model's own training corpus (and any built-in corpus, whose splits are fixed by the data config) is
+    split as the model's data config splits it, so test documents were never trained on. A folder that is
+    not the training corpus is an evaluation set (e.g. a PG19 or Proof-pile test folder) and is used whole
+    for ``test``; selecting on such a folder (``val``) would select on the test data, so it is refused.
+    """
     from nope_lightning.data import load_documents, split_documents
+    from nope_lightning.data.corpus import BUILTIN_CORPORA
 
     data = loaded.config.data
-    docs = split_documents(load_documents(corpus, data.cache_path), data.val_fraction, data.test_fraction,
-                           data.split_seed)[split]
+    documents = load_documents(corpus, data.cache_path)
+    if corpus in BUILTIN_CORPORA or corpus == data.corpus:
+        docs = split_documents(documents, data.val_fraction, data.test_fraction, data.split_seed)[split]
+    elif split == "test":
+        docs = documents
+    else:
+        raise ValueError(f"corpus {corpus!r} is an evaluation folder, used whole as test data: selecting on it "
+                         f"(split=val) would select on test data; use the model's own corpus for split=val")
     encoded = tokenizer.encode_batch([d.text for d in docs])
     return [(d.text, np.asarray([tokenizer.bos_id, *ids, tokenizer.eos_id], dtype=np.int64))
             for d, ids in zip(docs, encoded, strict=True)]
@@ -122,7 +156,8 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
     from nope_lightning.run import build_trainer, check_strategy
 
     check_strategy(cfg.trainer)
-    loaded = load_model(cfg.checkpoint, cfg.tracking, **extension_overrides(cfg.extension, cfg.tracking))
+    loaded = load_model(cfg.checkpoint, cfg.tracking, **extension_overrides(cfg.extension, cfg.tracking,
+                                                                            cfg.checkpoint))
     model, train_len = loaded.model.eval(), loaded.config.train_len
     lengths = sorted(cfg.eval_lengths or [train_len * m for m in (1, 2, 4, 8)])
     passkey_lengths = sorted(cfg.passkey_lengths or lengths)
@@ -159,7 +194,9 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
     if tasks:
         metrics.update(long_context(model, tokenizer, tasks, cfg, results))
     for path in cfg.longbench_files:
-        metrics.update(longbench(model, tokenizer, path, max(passkey_lengths), cfg, results))
+        metrics.update(longbench(model, tokenizer, path, cfg, results))
+    if cfg.harness_tasks:
+        metrics.update(harness(model, tokenizer, cfg, results))
 
     split = "" if cfg.split == "test" else f"-{cfg.split}"
     name = cfg.name or (f"evaluate-{loaded.config.name or Path(loaded.folder).parent.name}-{results['setting']}"
@@ -277,21 +314,26 @@ def long_context(model, tokenizer, tasks: dict, cfg: EvaluateConfig, results: di
     return metrics
 
 
-def longbench(model, tokenizer, path: str, max_len: int, cfg: EvaluateConfig, results: dict) -> dict[str, float]:
-    """A user's LongBench JSONL file: middle-truncated to ``max_len`` tokens, greedy, LongBench's metric."""
-    from nope_lightning.eval.generate import greedy_generate
-    from nope_lightning.eval.longbench import MAX_NEW_TOKENS, load_longbench, scorer, truncate_middle
+def longbench(model, tokenizer, path: str, cfg: EvaluateConfig, results: dict) -> dict[str, float]:
+    """A user's LongBench(-E) JSONL file run with LongBench's protocol (``eval/longbench.py``): per-task
+    prompts and budgets from ``longbench_config``, prompts cut in the middle to the model's window."""
+    from nope_lightning.eval.longbench import run_longbench
 
-    samples = load_longbench(path)
-    dataset = samples[0].dataset
-    new = MAX_NEW_TOKENS.get(dataset, 32)
-    prompts = [[tokenizer.bos_id, *truncate_middle(tokenizer.encode(s.prompt("{context}\n\n{input}")),
-                                                   max_len - new - 1)] for s in samples]
-    generated = greedy_generate(model, prompts, new, 1, tokenizer.vocab_size)
-    score = scorer(dataset, [tokenizer.decode(g) for g in generated], [s.answers for s in samples],
-                   samples[0].all_classes)
-    results.setdefault("longbench", {})[dataset] = score
-    return {f"longbench/{dataset}/score": score}
+    metrics = run_longbench(model, tokenizer, path, model.cfg.max_positions, config_dir=cfg.longbench_config,
+                            num_beams=cfg.longbench_beams, batch_size=cfg.batch_size)
+    results.setdefault("longbench", {}).update(metrics)
+    return metrics
+
+
+def harness(model, tokenizer, cfg: EvaluateConfig, results: dict) -> dict[str, float]:
+    """lm-evaluation-harness tasks (e.g. paper 001's Table 1: arc_easy, hellaswag, ...) on the evaluated
+    model under the same extension setting; ``harness/{task}/{metric}``."""
+    from nope_lightning.eval.harness import run_harness
+
+    metrics = run_harness(model, tokenizer, cfg.harness_tasks, include_path=cfg.harness_include or None,
+                          batch_size=cfg.batch_size)
+    results["harness"] = metrics
+    return metrics
 
 
 def log_plots(cfg: EvaluateConfig, run_id: str, results: dict, train_len: int) -> None:
