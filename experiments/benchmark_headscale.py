@@ -1,11 +1,15 @@
-"""One HeadScale optimisation step vs one full fine-tuning step, same model, length and batch, side by side.
+"""One HeadScale optimisation step vs one full fine-tuning step (and vs one HeadScale-log step), same model,
+length and batch, side by side.
 
 HeadScale freezes every weight (``HeadScaleLM``), so its backward propagates activation gradients only and
 its optimizer updates n_layer x n_head scalars; full fine-tuning (``CausalLM``, the ``finetune`` stage's
 module) also computes every weight gradient and runs AdamW over all weights. Each step is what the
 Trainer does per batch: forward, loss, backward, gradient clipping, optimizer and scheduler step, zero_grad
-(and HeadScale's projection). The two steps alternate on the same batches, so drifting machine load
-affects both alike; the medians over ``--steps`` steps after ``--warmup`` are compared (goal: ratio <= 0.6).
+(and HeadScale's projection). HeadScale-log (``headscale parameterization=log``) trains as many scalars, the
+slopes a of a per-query temperature max(1, 1 + a ln((i+1)/L)) (started at a = 0.5, so every query beyond L
+is scaled); its extra cost is that (B, H, T, 1) multiplier per layer. The steps alternate on the same batches,
+so drifting machine load affects all alike; the medians over ``--steps`` steps after ``--warmup`` are compared
+(goals: headscale/finetune <= 0.6, headscale-log/headscale ~ 1).
 
 Usage: ``python experiments/benchmark_headscale.py [pretrain overrides ...] [--length 512] [--batch 8]
 [--steps 10] [--warmup 2] [--threads 1]`` (default model: the ``small`` recipe, 4 layers x 128 wide,
@@ -24,7 +28,9 @@ import torch
 
 from nope_lightning.config import FinetuneConfig, HeadScaleConfig, OptimConfig, PretrainConfig, load_config
 from nope_lightning.model import GPT, count_parameters
+from nope_lightning.model.temperature import set_log_scales
 from nope_lightning.stages.headscale import CONSTRAINED_FLOOR, HeadScaleLM
+from nope_lightning.stages.headscale_log import HeadScaleLogLM
 from nope_lightning.stages.lm import CausalLM, lm_loss
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,14 +87,21 @@ def main() -> None:
     torch.manual_seed(0)
     base = GPT(cfg.model, cfg.data.vocab_size, cfg.train_len)
     total = args.warmup + args.steps
-    # Two copies of the same weights: freezing is a property of the parameters themselves.
-    headscale = HeadScaleLM(GPT(cfg.model, cfg.data.vocab_size, cfg.train_len), stage_optim(HeadScaleConfig),
-                            total, CONSTRAINED_FLOOR)
-    finetune = CausalLM(GPT(cfg.model, cfg.data.vocab_size, cfg.train_len), stage_optim(FinetuneConfig), total)
-    for module in (headscale, finetune):
-        module.model.load_state_dict(base.state_dict())
+
+    def copy() -> GPT:
+        # One copy of the same weights per module: freezing is a property of the parameters themselves.
+        model = GPT(cfg.model, cfg.data.vocab_size, cfg.train_len)
+        model.load_state_dict(base.state_dict())
+        return model
+
+    log_model = copy()
+    set_log_scales(log_model, torch.full((cfg.model.n_layer, cfg.model.n_head), 0.5))
+    modules = {"headscale": HeadScaleLM(copy(), stage_optim(HeadScaleConfig), total, CONSTRAINED_FLOOR),
+               "headscale-log": HeadScaleLogLM(log_model, stage_optim(HeadScaleConfig), total),
+               "finetune": CausalLM(copy(), stage_optim(FinetuneConfig), total)}
+    for module in modules.values():
         module.to(device)
-    steps = {"headscale": step_function(headscale, total), "finetune": step_function(finetune, total)}
+    steps = {name: step_function(module, total) for name, module in modules.items()}
     times: dict[str, list[float]] = {name: [] for name in steps}
     generator = torch.Generator().manual_seed(0)
     for i in range(total):
@@ -102,11 +115,12 @@ def main() -> None:
     print(f"model: {cfg.model.n_layer} layers x {cfg.model.n_embd} wide, {count_parameters(base):,} parameters; "
           f"T={args.length}, batch={args.batch}, {args.threads} thread(s), {device}; median of {args.steps} steps "
           f"after {args.warmup} warm-up")
-    for name, module in (("headscale", headscale), ("finetune", finetune)):
-        print(f"  {name:9s} trainable {count_parameters(module.model, True):>9,}  step {medians[name] * 1e3:8.1f} ms  "
+    for name, module in modules.items():
+        print(f"  {name:13s} trainable {count_parameters(module.model, True):>9,}  step {medians[name] * 1e3:8.1f} ms  "
               f"(min {min(times[name]) * 1e3:.1f}, max {max(times[name]) * 1e3:.1f})")
     ratio = medians["headscale"] / medians["finetune"]
     print(f"ratio headscale/finetune = {ratio:.3f} (goal <= 0.6: {'met' if ratio <= 0.6 else 'NOT met'})")
+    print(f"ratio headscale-log/headscale = {medians['headscale-log'] / medians['headscale']:.3f} (goal ~ 1)")
 
 
 if __name__ == "__main__":

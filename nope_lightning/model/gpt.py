@@ -9,6 +9,9 @@ Position encodings (``ModelConfig.pos_encoding``), each touching the smallest pi
   as in T5.
 * ``learned`` / ``sinusoidal`` — absolute position embeddings added to the token embeddings.
 
+Position-aware temperatures (``temperature.py``): log-length scaling (``log_scale_a``/``log_scale_table``,
+an evaluation-time setting like ``temperature``) and SSMax (``ssmax``, learned in pre-training).
+
 Shapes: ``forward(idx (B, T) int64) -> logits (B, T, padded_vocab) float``. Incremental decoding with a
 KV cache works for every encoding but dynamic NTK: ``with model.kv_cache(capacity): model(prompt_ids,
 input_pos=zeros); model(next_ids, input_pos=positions)``, each row of the batch at its own position
@@ -38,6 +41,7 @@ from nope_lightning.model.attention import (
     t5_buckets,
 )
 from nope_lightning.model.rope_scaling import rope_cos_sin, scaled_inv_freq
+from nope_lightning.model.temperature import resolve_log_scales, set_log_scales
 
 
 def litgpt_config(cfg: ModelConfig, vocab_size: int) -> Config:
@@ -84,7 +88,8 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, config.padded_vocab_size, bias=False)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.padded_vocab_size, cfg.n_embd),
-            h=nn.ModuleList(Block(config, i, cfg.attention_backend) for i in range(cfg.n_layer)),
+            h=nn.ModuleList(Block(config, i, cfg.attention_backend, train_len, cfg.ssmax)
+                            for i in range(cfg.n_layer)),
             ln_f=RMSNorm(cfg.n_embd, eps=cfg.norm_eps),
         ))
         if cfg.pos_encoding == "learned":
@@ -93,6 +98,8 @@ class GPT(nn.Module):
             self.rel_bias = nn.Embedding(cfg.t5_num_buckets, cfg.n_head)
         self.reset_parameters()
         set_head_scales(self, resolve_temperatures(cfg))
+        # Not in the state dict (non-persistent), so loading an export's weights keeps them.
+        set_log_scales(self, resolve_log_scales(cfg))
         self._decode_tables: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property

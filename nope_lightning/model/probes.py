@@ -1,8 +1,9 @@
 """Looking inside attention during a forward pass, one layer at a time.
 
 ``attention_probe(model, fn)`` installs ``fn(layer, q_scaled, k, mask)`` on every attention layer for the
-duration of a ``with`` block. Each call sees one layer's scaled queries (B, H, T, d) — lambda and 1/sqrt(d)
-already applied, so ``q_scaled @ k^T + mask`` are exactly the logits the kernel softmaxes — its keys
+duration of a ``with`` block. Each call sees one layer's scaled queries (B, H, T, d) — lambda, any per-query
+position temperature (log-length scaling, SSMax) and 1/sqrt(d) already applied, so ``q_scaled @ k^T + mask``
+are exactly the logits the kernel softmaxes — its keys
 (B, H, T, d) and the additive mask (1, H, T, T) or None (plain causal). The callback can reduce them
 (e.g. to entropies, in query chunks) before the next layer runs, so no T x T matrix of all layers ever
 exists at once.

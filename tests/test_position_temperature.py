@@ -1,0 +1,248 @@
+"""Position-aware temperatures (log-length scaling, HeadScale-log's slopes, SSMax) against explicit softmaxes
+whose per-query temperature is computed here with ``math``; bit-identity inside the training length; KV-cached
+decoding; HeadScale-log's gradients; one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from litgpt.model import apply_rope
+
+from nope_lightning.checkpoint import export_model, load_model
+from nope_lightning.config import (
+    ExtensionConfig,
+    HeadScaleConfig,
+    ModelConfig,
+    PretrainConfig,
+    TrackingConfig,
+    load_config,
+)
+from nope_lightning.model import GPT, set_head_scales
+from nope_lightning.model.attention import load_temperature_table, save_temperature_table
+from nope_lightning.model.probes import attention_probs
+from nope_lightning.model.temperature import log_scales, set_log_scales, ssmax_init
+from nope_lightning.stages.evaluate import extension_label, extension_overrides
+from nope_lightning.stages.headscale_log import HeadScaleLogLM, fitted_slope
+from nope_lightning.stages.lm import lm_loss
+
+VOCAB, L, H, HS = 61, 8, 4, 8
+LAMBDAS = torch.tensor([[0.7, 1.0, 1.4, 2.2], [1.2, 0.9, 1.0, 1.6]])  # per-head temperatures (2 layers)
+SLOPES = torch.tensor([[0.0, 0.3, 0.9, 2.0], [0.5, 0.1, 1.5, 0.0]])  # per-head log-length slopes a
+
+
+def tiny(pe: str = "nope", n_layer: int = 1, **kw) -> GPT:
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_layer=n_layer, n_head=H, n_embd=H * HS, intermediate_size=64, pos_encoding=pe,
+                      max_positions=128, init_std=0.3, **kw)
+    return GPT(cfg, VOCAB, train_len=L).eval()
+
+
+def log_tau(a: float, i: int) -> float:
+    """The log-length temperature of the query at position i, written out with math."""
+    return max(1.0, 1.0 + a * math.log((i + 1) / L))
+
+
+def explicit_attention(model: GPT, idx: torch.Tensor, tau) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Layer 0 by hand: probabilities (B, H, T, T) of ``softmax(lambda_h tau(h, i) q_i.k_j / sqrt(d) + bias)``,
+    the attention output (B, T, C) and the layer's normalised input x (B, T, C)."""
+    block, T = model.transformer.h[0], idx.size(1)
+    x = block.norm_1(model.transformer.wte(idx))
+    attn = block.attn
+    q, k, v = (t.view(idx.size(0), T, H, HS).transpose(1, 2) for t in attn.qkv(x).split(H * HS, dim=-1))
+    if model.cfg.pos_encoding == "rope":
+        cos, sin = model.rope_tables(T, idx.device)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    temp = torch.tensor([[attn.head_scale[h].item() * tau(h, i) for i in range(T)] for h in range(H)])
+    logits = temp[None, :, :, None] * (q @ k.transpose(-1, -2)) / math.sqrt(HS)
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    if model.cfg.pos_encoding == "alibi":
+        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)])
+        logits = logits - slopes[:, None, None] * (i - j).clamp(min=0)
+    probs = logits.masked_fill(j > i, float("-inf")).softmax(-1)
+    out = attn.proj((probs @ v).transpose(1, 2).reshape(idx.size(0), T, H * HS))
+    return probs, out, x
+
+
+def layer_output(model: GPT, x: torch.Tensor) -> torch.Tensor:
+    T = x.size(1)
+    cos, sin = model.rope_tables(T, x.device)
+    mask = None if model.cfg.pos_encoding != "alibi" else model.attention_bias(torch.arange(T)[None], T, x.dtype)
+    return model.transformer.h[0].attn(x, cos, sin, mask)
+
+
+@pytest.mark.parametrize("per_head", [False, True], ids=["uniform", "per-head"])
+@pytest.mark.parametrize("pe", ["nope", "alibi"])
+def test_log_scaling_equals_explicit_softmax_with_position_temperature(pe, per_head):
+    """Output and the probe's probabilities (its q carries the temperature) against the hand computation, at
+    T = 4L so most queries lie beyond L; per-head: a lambda table and a slope table together."""
+    model = tiny(pe, log_scale_a=0.0 if per_head else 0.8)
+    if per_head:
+        set_head_scales(model, LAMBDAS[:1])
+        set_log_scales(model, SLOPES[:1])
+    slopes = SLOPES[0] if per_head else torch.full((H,), 0.8)
+    idx = torch.randint(0, VOCAB, (2, 4 * L), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        probs, out, x = explicit_attention(model, idx, lambda h, i: log_tau(float(slopes[h]), i))
+        assert torch.allclose(layer_output(model, x), out, atol=1e-5)
+        assert torch.allclose(attention_probs(model, idx, 0), probs, atol=1e-6)
+        plain, _, _ = explicit_attention(model, idx, lambda h, i: 1.0)
+    assert not torch.allclose(probs[:, :, L:], plain[:, :, L:], atol=1e-3)  # the scaling really acts beyond L
+
+
+@pytest.mark.parametrize("pe", ["nope", "alibi", "rope"])
+def test_ssmax_logits_equal_hand_computation(pe):
+    """SSMax multiplies query i's logits by s_h ln(i + 1): ln 1 = 0 makes position 0 uniform over its one
+    key; with the init s = 1 / ln L the multiplier is 1 at n = L."""
+    model = tiny(pe, ssmax=True)
+    layer = model.transformer.h[0].attn.position_temperature
+    assert torch.allclose(layer.ssmax, torch.full((H,), 1 / math.log(L)))
+    assert torch.allclose(layer(torch.tensor([[L - 1]])), torch.ones(1, H, 1, 1))
+    s = [0.3, 0.55, 1.0, 2.5]
+    with torch.no_grad():
+        layer.ssmax.copy_(torch.tensor(s))
+        set_head_scales(model, LAMBDAS[1:])
+    idx = torch.randint(0, VOCAB, (2, 3 * L), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        probs, out, x = explicit_attention(model, idx, lambda h, i: s[h] * math.log(i + 1))
+        assert torch.allclose(layer_output(model, x), out, atol=1e-5)
+        assert torch.allclose(attention_probs(model, idx, 0), probs, atol=1e-6)
+
+
+@pytest.mark.parametrize("pe", ["nope", "alibi", "rope"])
+def test_log_scaling_is_exactly_one_inside_train_len(pe):
+    """Logits of sequences of up to L tokens are bit-identical to the plain model's; beyond L they differ."""
+    plain = tiny(pe, n_layer=2)
+    scaled = tiny(pe, n_layer=2, log_scale_a=1.5)
+    per_head = tiny(pe, n_layer=2)
+    set_log_scales(per_head, SLOPES)
+    positions = torch.arange(L)[None]
+    assert torch.equal(scaled.transformer.h[0].attn.position_temperature(positions), torch.ones(1, H, L, 1))
+    idx = torch.randint(0, VOCAB, (3, 3 * L), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        for model in (scaled, per_head):
+            for T in (1, L // 2, L):
+                assert torch.equal(model(idx[:, :T]), plain(idx[:, :T]))
+            assert not torch.allclose(model(idx)[:, L:], plain(idx)[:, L:], atol=1e-4)
+
+
+SETTINGS = {
+    "nope+log": dict(pe="nope", log_scale_a=0.9),
+    "alibi+log-table+lambda-table": dict(pe="alibi"),
+    "nope+ssmax": dict(pe="nope", ssmax=True),
+    "rope+ssmax+log": dict(pe="rope", ssmax=True, log_scale_a=0.4),
+}
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_cached_decoding_equals_full_forward(setting):
+    """Prefill a prefix per row, then one token at a time at per-row positions well beyond L: every logit equals
+    the full forward's (the temperature follows the cache's input positions, not arange(T)). In float64, so
+    that the sharp temperatures here leave no float32 rounding to tolerate."""
+    kw = dict(SETTINGS[setting])
+    model = tiny(kw.pop("pe"), n_layer=2, **kw)
+    if setting.startswith("alibi"):
+        set_head_scales(model, LAMBDAS)
+        set_log_scales(model, SLOPES)
+    model.double()
+    ids = torch.randint(0, VOCAB, (3, 40), generator=torch.Generator().manual_seed(4))
+    prefix = torch.tensor([12, 5, 20])
+    with torch.no_grad():
+        with model.kv_cache(40):
+            first = model(ids[:, :20], input_pos=torch.zeros(3, dtype=torch.long))
+            steps = [model(ids[torch.arange(3), prefix + t][:, None], input_pos=prefix + t)[:, 0] for t in range(20)]
+        got = torch.stack(steps, 1)
+        rows = [model(ids[b:b + 1, : int(prefix[b]) + 20])[0] for b in range(3)]
+    for b in range(3):
+        n = int(prefix[b])
+        assert torch.allclose(first[b, :n], rows[b][:n], atol=1e-10, rtol=0)
+        assert torch.allclose(got[b], rows[b][n:n + 20], atol=1e-10, rtol=0)
+
+
+def test_headscale_log_step_moves_only_the_slopes():
+    """After a training step only the n_layer x n_head slopes require and hold a gradient (every other
+    parameter: requires_grad False, .grad None); the step moves them; the projection keeps a >= 0."""
+    model = tiny("nope", n_layer=2)
+    set_log_scales(model, torch.full((2, H), 0.5))
+    module = HeadScaleLogLM(model, HeadScaleConfig(checkpoint="x", target_len=4 * L, init="default").optim, 10)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = module.configure_optimizers()["optimizer"]
+    batch = torch.randint(0, VOCAB, (2, 4 * L + 1), generator=torch.Generator().manual_seed(5))
+    lm_loss(module(batch[:, :-1]), batch[:, 1:]).backward()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {f"transformer.h.{i}.attn.position_temperature.log_scale" for i in range(2)}
+    for name, p in model.named_parameters():
+        assert (p.grad is not None) == (name in trainable), name
+    assert all(bool(p.grad.abs().min() > 0) for n, p in model.named_parameters() if n in trainable)
+    optimizer.step()
+    module.project()
+    for name, p in model.named_parameters():
+        assert torch.equal(p, before[name]) != (name in trainable), name
+    with torch.no_grad():
+        model.transformer.h[0].attn.position_temperature.log_scale.fill_(-0.3)
+    module.project()
+    assert float(log_scales(model).min()) == 0.0
+
+
+@pytest.fixture
+def export(tmp_path) -> str:
+    """A random tiny model exported as pretrain would (config, weights, tokenizer, meta)."""
+    cfg = PretrainConfig(model=ModelConfig(n_layer=2, n_head=H, n_embd=H * HS, intermediate_size=64,
+                                           max_positions=128), train_len=L)
+    torch.manual_seed(0)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    return str(export_model(tmp_path / "model", GPT(cfg.model, VOCAB, L), cfg, tmp_path / "tokenizer.json", {}))
+
+
+def search_result(path, fingerprint: str, a: float) -> str:
+    path.write_text(json.dumps({"model_fingerprint": fingerprint, "fit": {"a": a, "r2": 0.9}}))
+    return str(path)
+
+
+def test_evaluate_takes_slopes_from_a_fit_a_number_or_a_table(export, tmp_path):
+    tracking = TrackingConfig()
+    fingerprint = load_model(export, tracking).fingerprint
+    ext = ExtensionConfig(log_scale=search_result(tmp_path / "scale_search.json", fingerprint, 0.35))
+    model = load_model(export, tracking, **extension_overrides(ext, tracking, export)).model
+    assert torch.equal(log_scales(model), torch.full((2, H), 0.35))
+    model = load_model(export, tracking, **extension_overrides(ExtensionConfig(log_scale_a=0.6), tracking)).model
+    assert torch.equal(log_scales(model), torch.full((2, H), 0.6))
+    save_temperature_table(tmp_path / "a.safetensors", SLOPES, key="log_scale")
+    assert torch.equal(load_temperature_table(tmp_path / "a.json", 2, H, key="log_scale"), SLOPES)
+    ext = ExtensionConfig(log_scale_table=str(tmp_path / "a.safetensors"), temperature=1.2)
+    model = load_model(export, tracking, **extension_overrides(ext, tracking)).model
+    assert torch.equal(log_scales(model), SLOPES)
+    assert log_scales(load_model(export, tracking).model) is None  # never part of the export
+    assert [extension_label(ExtensionConfig(log_scale_a=0.6)), extension_label(ext)] == ["log0.6", "lam1.2-logtable"]
+
+
+def one_line_error(fn, match: str) -> None:
+    with pytest.raises(ValueError, match=match) as err:
+        fn()
+    assert "\n" not in str(err.value)
+
+
+def test_bad_input_is_one_line_error(export, tmp_path):
+    tracking = TrackingConfig()
+    fingerprint = load_model(export, tracking).fingerprint
+    one_line_error(lambda: load_config(PretrainConfig, None, ["model.log_scale_a=-0.2"]),
+                   r"model.log_scale_a=-0.2 is out of range: it must be >= 0")
+    one_line_error(lambda: load_config(ExtensionConfig, None, ["log_scale_a=-1"]),
+                   r"extension.log_scale_a=-1.0 is out of range: it must be >= 0")
+    for pe in ("t5", "learned", "sinusoidal"):
+        overrides = ["model.ssmax=true", f"model.pos_encoding={pe}"]
+        one_line_error(lambda o=overrides: load_config(PretrainConfig, None, o), f"ssmax=true supports .* not {pe}")
+    one_line_error(lambda: ExtensionConfig(log_scale_a=0.3, log_scale="run"), "give one")
+    one_line_error(lambda: ModelConfig(log_scale_a=0.3, log_scale_table="a.json"), "give one")
+    one_line_error(lambda: HeadScaleConfig(checkpoint="x", target_len=32, init="default", parameterization="log",
+                                           constraint=False), "no constraint=false")
+    other = search_result(tmp_path / "other.json", "0" * 64, 0.3)
+    one_line_error(lambda: extension_overrides(ExtensionConfig(log_scale=other), tracking, export), "another model")
+    negative = search_result(tmp_path / "negative.json", fingerprint, -0.2)
+    one_line_error(lambda: extension_overrides(ExtensionConfig(log_scale=negative), tracking, export), "a >= 0")
+    one_line_error(lambda: fitted_slope({"model_fingerprint": "f", "fit": {"a": math.nan}}, "f", "ref"), "no fit a")
+    save_temperature_table(tmp_path / "neg.safetensors", -SLOPES - 0.1, key="log_scale")
+    one_line_error(lambda: load_model(export, tracking, log_scale_table=str(tmp_path / "neg.safetensors")), ">= 0")
+    assert ssmax_init(L) == pytest.approx(1 / math.log(L))
