@@ -38,7 +38,7 @@ WARNINGS = (
     # torch deprecates LeafSpec, which Lightning's own _pytree helper still constructs (once per fit).
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
     # Optuna's ExperimentalWarning for naming a study's objectives (shown by optuna-dashboard).
-    (r"set_metric_names is experimental", Warning),
+    (r".*set_metric_names is experimental", Warning),
 )
 
 

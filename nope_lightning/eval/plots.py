@@ -14,7 +14,6 @@ matplotlib.use("Agg")  # headless: figures are only ever written to files
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-
 # Fixed colours for the position encodings most figures share, so nope and rope never swap or share a hue.
 FIXED_SLOTS = {"nope": 0, "rope": 1, "alibi": 2}
 PALETTE = plt.get_cmap("tab10").colors  # qualitative: ten distinct hues, no light/dark pairs
