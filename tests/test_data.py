@@ -79,6 +79,15 @@ def test_tiny_corpus_is_ten_kjv_books(tiny_docs):
     assert genesis.text.count("\n\n") == 50  # title + 50 chapters
 
 
+def test_kjv_corpus_is_all_66_books_without_a_fetch(tmp_path, tiny_docs):
+    from nope_lightning.data.corpus import corpus_label
+
+    docs = load_documents("kjv", tmp_path)  # an empty cache: nothing is fetched
+    assert len(docs) == 66 and not any(tmp_path.iterdir())
+    assert {d.name for d in tiny_docs} < {d.name for d in docs}
+    assert corpus_label("kjv") == "kjv"
+
+
 def test_split_is_disjoint_complete_deterministic_and_order_independent(tiny_docs):
     splits = split_documents(tiny_docs, 0.05, 0.05, seed=1234)
     assert {k: len(v) for k, v in splits.items()} == {"train": 8, "val": 1, "test": 1}
@@ -117,7 +126,7 @@ def test_folder_corpus_reads_txt_and_jsonl(tmp_path):
 
 
 def test_folder_corpus_errors(tmp_path):
-    with pytest.raises(ValueError, match=r"no such corpus or folder; known corpora: tiny, books, code, math"):
+    with pytest.raises(ValueError, match=r"no such corpus or folder; known corpora: tiny, kjv, books, code, math"):
         load_documents(str(tmp_path / "missing"), tmp_path)
     (tmp_path / "notes.md").write_text("not a corpus file")
     with pytest.raises(ValueError, match="holds no .txt or .jsonl files"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -191,11 +192,13 @@ def test_evaluate_bad_input(evaluated, extra, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_a_length_too_short_for_a_passkey_prompt_is_skipped_with_one_line(evaluated):
-    with pytest.warns(UserWarning, match=r"passkey skipped at lengths \[32\]: the reference prompt needs \d+ tokens"):
-        result = run_stage("evaluate", stage_config("evaluate", None, [
-            *evaluated["overrides"], "passkey_lengths=[32,256]", "longctx_samples=0", "entropy_windows=0",
-            "position_windows=0", "eval_lengths=[64]"]))
+def test_a_length_too_short_for_a_passkey_prompt_is_skipped_with_one_line(evaluated, capsys):
+    result = run_stage("evaluate", stage_config("evaluate", None, [
+        *evaluated["overrides"], "passkey_lengths=[32,256]", "longctx_samples=0", "entropy_windows=0",
+        "position_windows=0", "eval_lengths=[64]"]))
+    lines = [line for line in capsys.readouterr().err.splitlines() if "passkey skipped" in line]
+    assert len(lines) == 1 and re.fullmatch(
+        r"evaluate: passkey skipped at lengths \[32\]: the reference prompt needs \d+ tokens", lines[0])
     assert "passkey/len256/acc" in result and not any(k.startswith("passkey/len32/") for k in result)
 
 

@@ -8,7 +8,7 @@ length x depth; synthetic long-context tasks and user-supplied LongBench files. 
 
 from __future__ import annotations
 
-import warnings
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -252,8 +252,8 @@ def passkey_samples(tokenizer, lengths: list[int], cfg: EvaluateConfig) -> list:
     shortest = PasskeyPromptBuilder(tokenizer, [tokenizer.bos_id], cfg.passkey_prompt).min_length()
     fitting = [n for n in lengths if n >= shortest]
     if len(fitting) < len(lengths):
-        warnings.warn(f"passkey skipped at lengths {[n for n in lengths if n < shortest]}: the "
-                      f"{cfg.passkey_prompt} prompt needs {shortest} tokens", stacklevel=2)
+        print(f"evaluate: passkey skipped at lengths {[n for n in lengths if n < shortest]}: the "
+              f"{cfg.passkey_prompt} prompt needs {shortest} tokens", file=sys.stderr)
     depths = [i / cfg.passkey_depths for i in range(cfg.passkey_depths)]
     return make_passkey_samples(tokenizer, fitting, depths, cfg.passkey_keys, cfg.seed, [tokenizer.bos_id],
                                 cfg.passkey_prompt)
@@ -281,7 +281,7 @@ def passkey(model, tokenizer, samples: list, cfg: EvaluateConfig, results: dict)
 def long_context_samples(tokenizer, documents: list[str], lengths: list[int], cfg: EvaluateConfig) -> dict:
     """``(task, length) -> samples`` of the offline long-context tasks built from the test documents.
 
-    A task whose fixed parts do not fit a (short) length is skipped for that length with a warning; the
+    A task whose fixed parts do not fit a (short) length is skipped for that length with one line on stderr; the
     skip is listed in ``results.json`` under ``longctx_skipped``.
     """
     from nope_lightning.eval import longctx
@@ -294,7 +294,7 @@ def long_context_samples(tokenizer, documents: list[str], lengths: list[int], cf
                                                              seed=cfg.seed)
             except ValueError as err:
                 skipped[f"{task}/len{length}"] = str(err)
-                warnings.warn(f"long-context task {task} skipped at length {length}: {err}", stacklevel=2)
+                print(f"evaluate: long-context task {task} skipped at length {length}: {err}", file=sys.stderr)
     return {"samples": tasks, "skipped": skipped}
 
 

@@ -284,28 +284,12 @@ def position_figure(evals: dict[str, dict], train_len: int):
 
 
 def passkey_figure(evals: dict[str, dict]):
-    import matplotlib.pyplot as plt
+    """Fig 6: one passkey heat map (depth x length) per method, with a shared colour bar and cell values."""
+    from nope_lightning.eval import plots
 
-    with_keys = {m: r["passkey"] for m, r in evals.items() if "passkey" in r}
-    if not with_keys:
-        return None
-    cols = min(4, len(with_keys))
-    rows = math.ceil(len(with_keys) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows), squeeze=False)
-    for ax, (method, p) in zip(axes.flat, with_keys.items(), strict=False):
-        cells = {(int(n), float(d)): a for n, d, a in p["by_cell"]}
-        lengths, depths = sorted({n for n, _ in cells}), sorted({d for _, d in cells})
-        grid = np.array([[cells.get((n, d), np.nan) for n in lengths] for d in depths])
-        ax.imshow(grid, vmin=0, vmax=1, cmap="RdYlGn", aspect="auto")
-        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
-        ax.set_yticks(range(len(depths)), [f"{round(100 * d)}%" for d in depths], fontsize=7)
-        ax.set_title(f"{method} (mean {p['overall']:.2f})", fontsize=9)
-    for ax in list(axes.flat)[len(with_keys):]:
-        ax.axis("off")
-    fig.supxlabel("prompt length (tokens)")
-    fig.supylabel("key depth")
-    fig.tight_layout()
-    return fig
+    panels = {f"{m} (mean {r['passkey']['overall']:.2f})": {(int(n), float(d)): a for n, d, a in r["passkey"]["by_cell"]}
+              for m, r in evals.items() if "passkey" in r}
+    return plots.passkey_heatmaps(panels) if panels else None
 
 
 def run(cfg: ReportConfig) -> dict[str, Any]:
@@ -352,7 +336,6 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     (out / "report.md").write_text(text)
     tracking.log_artifacts(cfg.tracking, report_run, out, "report")
     tracking.end_run(cfg.tracking, report_run)
-    print(text)
     return {"run_id": report_run, "markdown": str(out / "report.md"), "methods": len(evals)}
 
 
