@@ -71,10 +71,11 @@ def test_cached_logits_equal_full_forward_logits(setting):
                      for t in range(40 - 20)]
         got = torch.stack(steps, 1)  # (3, 20, V): row b at positions prefix[b] .. prefix[b] + 19
         rows = [model(ids[b:b + 1, : int(prefix[b]) + 20])[0] for b in range(3)]
+    # float32 reductions in another order (one query vs all): differences of ~1e-5 on logits of size ~1-5
     for b in range(3):
         n = int(prefix[b])
-        assert torch.allclose(first[b, :n], rows[b][:n], atol=1e-5, rtol=1e-5)
-        assert torch.allclose(got[b], rows[b][n:n + 20], atol=1e-5, rtol=1e-5)
+        assert torch.allclose(first[b, :n], rows[b][:n], atol=1e-4, rtol=1e-5)
+        assert torch.allclose(got[b], rows[b][n:n + 20], atol=1e-4, rtol=1e-5)
 
 
 def test_dynamic_ntk_decodes_by_full_forwards():
