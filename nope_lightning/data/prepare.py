@@ -81,17 +81,22 @@ def prepare(data_cfg: DataConfig) -> PreparedData:
 
     Raises what ``load_documents`` / ``split_documents`` raise for a bad corpus or split.
     """
+    from nope_lightning.locks import file_lock
+
     docs = load_documents(data_cfg.corpus, data_cfg.cache_path)
     key = cache_key(docs, data_cfg)
     root = data_cfg.cache_path / "prepared" / key
-    if root.exists():
-        problem = check_cache(root)
-        if problem is None:
-            log.info("prepared data cache hit: %s", root)
-            return PreparedData(root)
-        warnings.warn(f"prepared data cache {root} is invalid ({problem}); rebuilding it", stacklevel=2)
-    _build(docs, data_cfg, root)
-    return PreparedData(root)
+    # Processes preparing the same data (the ranks of a DDP run, which start before any process group
+    # exists, or two stages) take turns: the first builds, the others then find the cache and only read it.
+    with file_lock(root.with_name(f"{key}.lock")):
+        if root.exists():
+            problem = check_cache(root)
+            if problem is None:
+                log.info("prepared data cache hit: %s", root)
+                return PreparedData(root)
+            warnings.warn(f"prepared data cache {root} is invalid ({problem}); rebuilding it", stacklevel=2)
+        _build(docs, data_cfg, root)
+        return PreparedData(root)
 
 
 def cache_key(docs: list[Document], data_cfg: DataConfig) -> str:
