@@ -34,10 +34,18 @@ def storage_url(storage: str) -> str:
     return url
 
 
-def study_name(prefix: str, settings: dict[str, Any]) -> str:
-    """``prefix-<hash of settings>``: the same search over the same model gets the same study."""
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    return f"{prefix}-{digest}"
+def study_name(label: str, setting: str, settings: dict[str, Any]) -> str:
+    """``<model label> <setting> (<hash of settings>)``, e.g. ``pretrain-nope-kjv-L128 scale-search L128->256,512
+    grid lambda 0.8-2 (3fa2c1)``: readable in optuna-dashboard and MLflow, and the same search over the same
+    model (every setting in ``settings``, the model's fingerprint included) gets the same study, so a killed
+    search resumes by name."""
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:6]
+    return f"{label} {setting} ({digest})"
+
+
+def model_label(loaded) -> str:
+    """A loaded model's name for studies and runs: its pre-training run name, else its export folder's parent."""
+    return loaded.config.name or Path(loaded.folder).parent.name
 
 
 def open_study(name: str, storage: str, sampler, direction: str = "minimize", pruner=None):

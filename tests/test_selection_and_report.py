@@ -4,6 +4,7 @@ per-position buckets, claim verdicts and ablation notes (computed from hand-made
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -87,3 +88,15 @@ def test_a_degenerate_ablation_and_an_edge_optimum_are_flagged():
     text = search_section("search_nope", search)
     assert "chosen on the val split" in text and "512: 2.0 (on the grid's edge" in text
     assert "256: 1.0," in text
+
+
+def test_study_names_are_readable_and_stable():
+    from nope_lightning.search import study_name
+
+    settings = {"model": "abc", "targets": [256, 512], "grid": [0.8, 1.0]}
+    name = study_name("pretrain-nope-kjv-L128", "scale-search L128->256,512 grid lambda 0.8-1", settings)
+    assert re.fullmatch(r"pretrain-nope-kjv-L128 scale-search L128->256,512 grid lambda 0\.8-1 \([0-9a-f]{6}\)", name)
+    assert name == study_name("pretrain-nope-kjv-L128", "scale-search L128->256,512 grid lambda 0.8-1",
+                              dict(reversed(settings.items())))  # a killed search finds its study again
+    assert name != study_name("pretrain-nope-kjv-L128", "scale-search L128->256,512 grid lambda 0.8-1",
+                              {**settings, "model": "abd"})  # another model: another study

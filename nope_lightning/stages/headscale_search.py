@@ -124,15 +124,18 @@ def run(cfg: HeadScaleSearchConfig) -> dict[str, Any]:
     import optuna
 
     from nope_lightning.checkpoint import load_model
-    from nope_lightning.search import open_study, study_name
+    from nope_lightning.search import model_label, open_study, study_name
     from nope_lightning.stages import headscale
 
     base = cfg.base
-    fingerprint = load_model(base.checkpoint, base.tracking).fingerprint
+    loaded = load_model(base.checkpoint, base.tracking)
+    fingerprint = loaded.fingerprint
     settings = {"model": fingerprint, "target_len": base.target_len, "init": [cfg.init_min, cfg.init_max],
                 "lr": [cfg.lr_min, cfg.lr_max], "constraint": base.constraint, "steps": base.steps,
                 "batch_size": base.batch_size, "seed": base.seed, "val_every": cfg.val_every_n_steps}
-    name = cfg.study_name or study_name(f"headscale-search-{fingerprint[:8]}", settings)
+    name = cfg.study_name or study_name(
+        model_label(loaded), f"headscale-search L{loaded.config.train_len}->{base.target_len}"
+        f"{'' if base.constraint else ' no-constraint'}", settings)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=cfg.pruner_startup_trials,
                                          n_warmup_steps=cfg.pruner_warmup_steps)
     study = open_study(name, cfg.storage, None, pruner=pruner)
@@ -144,6 +147,7 @@ def run(cfg: HeadScaleSearchConfig) -> dict[str, Any]:
         parent = tracking.create_run(base.tracking, "headscale-search", cfg.name or name, cfg)
         study.set_user_attr("mlflow_run_id", parent)
     monitor = f"val/len{base.target_len}/loss"
+    study.set_metric_names([monitor])
 
     def objective(trial: optuna.Trial) -> float:
         init = trial.suggest_float("init", cfg.init_min, cfg.init_max)

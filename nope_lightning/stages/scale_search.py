@@ -23,7 +23,7 @@ from typing import Any
 from nope_lightning import tracking
 from nope_lightning.checkpoint import load_model
 from nope_lightning.config import EvaluateConfig, ExtensionConfig, ScaleSearchConfig, to_dict
-from nope_lightning.search import fit_log_scale, open_study, study_name
+from nope_lightning.search import fit_log_scale, model_label, open_study, study_name
 from nope_lightning.stages.lm import check_target_len
 
 
@@ -62,10 +62,14 @@ def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
     settings = {"model": fingerprint, "split": "val", "targets": sorted(cfg.target_lengths), "grid": lambdas,
                 "sampler": cfg.sampler,
                 "stride": cfg.stride, "ppl_tokens": cfg.ppl_tokens, "buckets": cfg.position_buckets}
-    name = cfg.study_name or study_name(f"scale-search-{fingerprint[:8]}", settings)
+    targets = ",".join(map(str, sorted(cfg.target_lengths)))
+    name = cfg.study_name or study_name(
+        model_label(loaded), f"scale-search L{train_len}->{targets} {cfg.sampler} lambda {min(lambdas):g}-"
+        f"{max(lambdas):g}", settings)
     sampler = (optuna.samplers.GridSampler({"lambda": lambdas}, seed=cfg.seed) if cfg.sampler == "grid"
                else optuna.samplers.TPESampler(seed=cfg.seed))
     study = open_study(name, cfg.storage, sampler)
+    study.set_metric_names(["val log-PPL (mean over target lengths)"])
     parent = study.user_attrs.get("mlflow_run_id")
     if parent is None:  # first start of this study: its MLflow parent run, reused on resume
         parent = tracking.create_run(cfg.tracking, "scale-search", cfg.name or name, cfg)
