@@ -115,10 +115,37 @@ def load_weights(model: GPT, path: Path) -> None:
     model.load_state_dict(state, strict=True)
 
 
-def torch_load(path: str | Path) -> dict:
-    """``torch.load(weights_only=True)`` of a Lightning checkpoint, with a clear error when corrupt."""
+def damage(path: str | Path) -> str | None:
+    """What is wrong with a Lightning checkpoint file, or None when intact. A ``.ckpt`` is a zip whose every
+    record carries a CRC-32; flipped bytes in tensor data fail it (``torch.load`` itself never checks)."""
+    import zipfile
+
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 — any unpickling/zip failure means the same thing here
-        raise ValueError(f"corrupt checkpoint {path}: {type(err).__name__}: {str(err)[:200]}; delete it "
-                         f"or set resume=false with a new out_dir") from None
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (OSError, zipfile.BadZipFile, EOFError, RuntimeError) as err:
+        return " ".join(f"not a readable checkpoint archive ({type(err).__name__}: {err})".split())
+    return None if bad is None else f"record {bad} fails its CRC check (the bytes were damaged)"
+
+
+def newest_intact(folder: str | Path, exclude: str | Path | None = None) -> Path | None:
+    """The most recently written intact ``*.ckpt`` in ``folder`` other than ``exclude``."""
+    others = [p for p in Path(folder).glob("*.ckpt") if exclude is None or p.resolve() != Path(exclude).resolve()]
+    return next((p for p in sorted(others, key=lambda p: p.stat().st_mtime, reverse=True) if damage(p) is None),
+                None)
+
+
+def torch_load(path: str | Path) -> dict:
+    """``torch.load(weights_only=True)`` of a Lightning checkpoint after checking its CRCs; a damaged or
+    unloadable file is one ``ValueError`` naming the newest intact checkpoint beside it."""
+    problem = damage(path)
+    if problem is None:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 — any unpickling failure (or weights-only refusal) means the same
+            problem = " ".join(f"{type(err).__name__}: {err}".split())
+    intact = newest_intact(Path(path).parent, path)
+    advice = (f"the newest intact checkpoint is {intact}: delete {Path(path).name} and a rerun resumes from it"
+              if intact else "no intact checkpoint is beside it")
+    raise ValueError(f"corrupt checkpoint {path}: {problem}; {advice}, or delete it and start again "
+                     f"(another out_dir=, or resume=false where the stage has it)")

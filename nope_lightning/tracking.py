@@ -45,12 +45,13 @@ def client(cfg: TrackingConfig):
     lock the first time this process opens it: two processes migrating one new file race and one fails."""
     from mlflow.tracking import MlflowClient
 
-    mlflow_client = MlflowClient(tracking_uri=cfg.uri)
     db = _sqlite_path(cfg.uri)
-    if db is not None and str(db.resolve()) not in _READY:
-        with file_lock(f"{db}.lock"):
-            mlflow_client.search_experiments(max_results=1)  # builds the store: creates or migrates the schema
-        _READY.add(str(db.resolve()))
+    if db is None or str(db.resolve()) in _READY:
+        return MlflowClient(tracking_uri=cfg.uri)
+    with file_lock(f"{db}.lock"):
+        mlflow_client = MlflowClient(tracking_uri=cfg.uri)
+        mlflow_client.search_experiments(max_results=1)  # builds the store: creates or migrates the schema
+    _READY.add(str(db.resolve()))
     return mlflow_client
 
 

@@ -19,13 +19,21 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nope_lightning import tracking
-from nope_lightning.checkpoint import CONFIG, export_model, load_model, resolve_reference
+from nope_lightning.checkpoint import CONFIG, LoadedModel, export_model, load_model, resolve_reference
 from nope_lightning.config import FinetuneConfig, PretrainConfig, RopeScalingConfig, load_config
 from nope_lightning.model import GPT
-from nope_lightning.stages.lm import check_target_len, check_tokenizer, trained_state
+from nope_lightning.stages.lm import (check_resumable, check_target_len, check_tokenizer, checkpoint_callback,
+                                     out_dir_lock, record_run, resumed_run_id, trained_state)
+
+#: Sections that must match for a run to continue from the checkpoint in its out_dir.
+RESUME_KEYS = ("checkpoint", "target_len", "rope_scaling", "budget", "raw_multiplier", "steps", "batch_size", "seed",
+               "optim")
+
+if TYPE_CHECKING:
+    from nope_lightning.data import PreparedData
 
 
 def check_rope_model(cfg: PretrainConfig, ref: str) -> None:
@@ -53,12 +61,8 @@ def default_name(cfg: FinetuneConfig, base: PretrainConfig, folder: Path) -> str
 
 
 def run(cfg: FinetuneConfig) -> dict[str, Any]:
-    from lightning.pytorch import seed_everything
-    from lightning.pytorch.utilities import rank_zero_only
-
-    from nope_lightning.data import PackedDataModule, prepare
-    from nope_lightning.run import build_trainer, check_strategy
-    from nope_lightning.stages.lm import CausalLM
+    from nope_lightning.data import prepare
+    from nope_lightning.run import check_strategy
 
     check_strategy(cfg.trainer)
     folder = resolve_reference(cfg.checkpoint, cfg.tracking)
@@ -70,22 +74,41 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
     prepared = prepare(loaded.config.data)
     check_tokenizer(prepared, loaded)
 
+    name = cfg.name or default_name(cfg, base, folder)
+    out = Path(cfg.out_dir or f"mlruns/checkpoints/finetune/{name}")
+    with out_dir_lock(out):
+        return train(cfg, loaded, prepared, base, scaling, name, out)
+
+
+def train(cfg: FinetuneConfig, loaded: LoadedModel, prepared: PreparedData, base: PretrainConfig, scaling: RopeScalingConfig, name: str,
+          out: Path) -> dict[str, Any]:
+    """Fine-tune into ``out``, resuming its last checkpoint when a killed run of the same config left one."""
+    from lightning.pytorch import seed_everything
+    from lightning.pytorch.utilities import rank_zero_only
+
+    from nope_lightning.data import PackedDataModule
+    from nope_lightning.run import build_trainer
+    from nope_lightning.stages.lm import CausalLM
+
+    resume_from = check_resumable(out, cfg, RESUME_KEYS)
+    run_id = resumed_run_id(out, cfg, resume_from)
     seed_everything(cfg.seed, workers=True, verbose=False)
     steps = cfg.total_steps
     module = CausalLM(loaded.model, cfg.optim, steps, cfg.trainer.compile)
     data = PackedDataModule(prepared, cfg.target_len, cfg.batch_size, cfg.seed, cfg.trainer.val_batches,
                             loaded.config.data.num_workers)
-    name = cfg.name or default_name(cfg, base, folder)
-    out = Path(cfg.out_dir or f"mlruns/checkpoints/finetune/{name}")
-    logger = tracking.lightning_logger(cfg.tracking, "finetune", name)
-    trainer = build_trainer(cfg.trainer, logger=logger, default_root_dir=str(out), grad_clip=cfg.optim.grad_clip,
-                            max_steps=steps, enable_checkpointing=False)
+    logger = tracking.lightning_logger(cfg.tracking, "finetune", name, run_id)
+    checkpoints = checkpoint_callback(out, cfg.trainer.checkpoint_every_n_steps, steps)
+    trainer = build_trainer(cfg.trainer, logger=logger, callbacks=[checkpoints], default_root_dir=str(out),
+                            grad_clip=cfg.optim.grad_clip, max_steps=steps)
     tokens = steps * cfg.batch_size * cfg.target_len * trainer.world_size
     if rank_zero_only.rank == 0:
-        tracking.log_config(cfg.tracking, logger.run_id, cfg)
-        tracking.log_metrics(cfg.tracking, logger.run_id, {"finetune/tokens": tokens, "finetune/steps": steps,
-                                                            "finetune/rope_factor": scaling.factor})
-    trainer.fit(module, datamodule=data)
+        record_run(out, cfg, logger.run_id)
+        if run_id is None:
+            tracking.log_config(cfg.tracking, logger.run_id, cfg)
+            tracking.log_metrics(cfg.tracking, logger.run_id, {"finetune/tokens": tokens, "finetune/steps": steps,
+                                                                "finetune/rope_factor": scaling.factor})
+    trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
     state = trained_state(trainer)
     if not trainer.is_global_zero:
         return {}

@@ -26,6 +26,12 @@ Logged (MLflow run tagged ``stage=headscale``, nested under ``tracking.parent_ru
 ``headscale.json`` (table, init, constraint, final val loss, entropies) and ``plots/entropy_vs_lambda.png``
 (Fig 5).
 
+Resume: ``out_dir`` (default ``mlruns/checkpoints/headscale/<name>``) holds ``checkpoints/`` (``step*.ckpt``
+every ``trainer.checkpoint_every_n_steps`` and ``last.ckpt``), ``config.yaml`` and ``mlflow_run_id``. A
+checkpoint holds the temperatures, their AdamW state and the loop state, not the frozen weights (the export
+has them), so it is kilobytes at any model size. A rerun of a killed run with the same config continues its
+MLflow run from ``last.ckpt`` and ends with bit-identical temperatures.
+
 Strategies: one device and DDP skip every weight gradient. FSDP (GPU) runs, but FSDP1 with
 ``use_orig_params=True`` flattens each block's frozen weights together with its lambdas into one flat
 parameter that requires grad, so torch computes (and discards) the frozen weights' gradients there.
@@ -47,7 +53,8 @@ from nope_lightning.checkpoint import LoadedModel, load_model
 from nope_lightning.config import HeadScaleConfig, OptimConfig
 from nope_lightning.model import GPT, count_parameters, set_head_scales
 from nope_lightning.model.attention import save_temperature_table
-from nope_lightning.stages.lm import CausalLM, check_target_len, check_tokenizer, trained_state
+from nope_lightning.stages.lm import (CausalLM, check_resumable, check_target_len, check_tokenizer,
+                                     checkpoint_callback, out_dir_lock, record_run, resumed_run_id, trained_state)
 
 if TYPE_CHECKING:
     from nope_lightning.data import PreparedData
@@ -57,6 +64,9 @@ UNCONSTRAINED_FLOOR = 0.01  # constraint=false: only keeps lambda a (positive) t
 ENTROPY_CHUNK = 256  # query rows per entropy step (memory ~ 3 * H * chunk * T floats)
 CONVERGED_TAIL = 8  # "converged" entropy: mean over the last 1/8 of the target_len positions
 TABLE_FILE = "headscale/lambda.safetensors"
+#: Sections that must match for a run to continue from the checkpoint in its out_dir.
+RESUME_KEYS = ("checkpoint", "target_len", "init", "scale_search", "constraint", "steps", "batch_size", "seed",
+               "optim")
 
 
 def lambda_floor(constraint: bool) -> float:
@@ -83,6 +93,13 @@ class HeadScaleLM(CausalLM):
         freeze_for_headscale(model)
         super().__init__(model, optim, max_steps, compile)
         self.floor = floor
+        self.strict_loading = False  # checkpoints hold the temperatures only (``on_save_checkpoint``)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Keep only the trainable temperatures: the frozen weights are the export's, so a checkpoint is
+        kilobytes (the λ table, its AdamW moments, the loop state) whatever the model's size."""
+        trainable = {f"model.{name}" for name in self.trainable_parameters()}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
@@ -173,31 +190,49 @@ def checked_inputs(cfg: HeadScaleConfig) -> tuple[LoadedModel, PreparedData, flo
 
 def run(cfg: HeadScaleConfig, callbacks: Sequence = ()) -> dict[str, Any]:
     """Tune the temperatures; ``callbacks`` are extra Lightning callbacks (the Optuna pruner)."""
+    from nope_lightning.run import check_strategy
+
+    check_strategy(cfg.trainer)
+    loaded, prepared, init = checked_inputs(cfg)
+    name = cfg.name or default_name(cfg, loaded)
+    out = Path(cfg.out_dir or f"mlruns/checkpoints/headscale/{name}")
+    with out_dir_lock(out):
+        return train(cfg, callbacks, loaded, prepared, init, name, out)
+
+
+def train(cfg: HeadScaleConfig, callbacks: Sequence, loaded: LoadedModel, prepared: PreparedData, init: float,
+          name: str, out: Path) -> dict[str, Any]:
+    """Train into ``out``, resuming its last checkpoint (the same λ, AdamW moments, schedule and data
+    position) when a killed run of the same config left one."""
     from lightning.pytorch import seed_everything
     from lightning.pytorch.utilities import rank_zero_only
 
     from nope_lightning.data import PackedDataModule
-    from nope_lightning.run import build_trainer, check_strategy
+    from nope_lightning.run import build_trainer
 
-    check_strategy(cfg.trainer)
-    loaded, prepared, init = checked_inputs(cfg)
+    resume_from = check_resumable(out, cfg, RESUME_KEYS)
+    run_id = resumed_run_id(out, cfg, resume_from)
     model = loaded.model
     set_head_scales(model, torch.full((model.cfg.n_layer, model.cfg.n_head), init))
     seed_everything(cfg.seed, workers=True, verbose=False)
     module = HeadScaleLM(model, cfg.optim, cfg.steps, lambda_floor(cfg.constraint), cfg.trainer.compile)
     data = PackedDataModule(prepared, cfg.target_len, cfg.batch_size, cfg.seed, cfg.trainer.val_batches,
                             loaded.config.data.num_workers)
-    name = cfg.name or default_name(cfg, loaded)
-    out = Path(cfg.out_dir or f"mlruns/checkpoints/headscale/{name}")
-    logger = tracking.lightning_logger(cfg.tracking, "headscale", name)
+    logger = tracking.lightning_logger(cfg.tracking, "headscale", name, run_id)
     if rank_zero_only.rank == 0:
-        tracking.log_config(cfg.tracking, logger.run_id, cfg)
-        tracking.log_metrics(cfg.tracking, logger.run_id, {
-            "headscale/init_lambda": init, "headscale/trainable_parameters": count_parameters(model, True)})
+        record_run(out, cfg, logger.run_id)
+        if run_id is None:
+            tracking.log_config(cfg.tracking, logger.run_id, cfg)
+            tracking.log_metrics(cfg.tracking, logger.run_id, {
+                "headscale/init_lambda": init, "headscale/trainable_parameters": count_parameters(model, True)})
 
-    trainer = build_trainer(cfg.trainer, logger=logger, callbacks=list(callbacks), default_root_dir=str(out),
-                            grad_clip=cfg.optim.grad_clip, max_steps=cfg.steps, enable_checkpointing=False)
-    trainer.fit(module, datamodule=data)
+    checkpoints = checkpoint_callback(out, cfg.trainer.checkpoint_every_n_steps, cfg.steps)
+    trainer = build_trainer(cfg.trainer, logger=logger, callbacks=[*callbacks, checkpoints],
+                            default_root_dir=str(out), grad_clip=cfg.optim.grad_clip, max_steps=cfg.steps)
+    trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
+    monitor = f"val/len{cfg.target_len}/loss"
+    if monitor not in trainer.callback_metrics:  # resumed at the last step: killed during the final validation
+        trainer.validate(module, datamodule=data, verbose=False)
     state = trained_state(trainer)
     if not trainer.is_global_zero:
         return {}
@@ -208,7 +243,7 @@ def run(cfg: HeadScaleConfig, callbacks: Sequence = ()) -> dict[str, Any]:
                "train_len": loaded.config.train_len, "target_len": cfg.target_len, "units": "1/sqrt(head_size)",
                "init": {"mode": cfg.init, "lambda": init, "scale_search": cfg.scale_search},
                "constraint": cfg.constraint, "lambda_floor": module.floor, "steps": trainer.global_step,
-               "val_loss": metrics[f"val/len{cfg.target_len}/loss"], "head_scale": table.tolist()}
+               "val_loss": metrics[monitor], "head_scale": table.tolist()}
     log_outputs(cfg, logger.run_id, loaded, prepared, summary, out / TABLE_FILE, trainer.strategy.root_device)
     return {"run_id": logger.run_id, "out_dir": str(out), "table": str(out / TABLE_FILE),
             "step": trainer.global_step, "world_size": trainer.world_size, "init_lambda": init, **metrics}

@@ -8,16 +8,21 @@ does not — a pretrain killed mid-way continues from its last checkpoint, a sca
 
 Steps run in this process, one after another; a step with ``subprocess: true`` runs as its own
 ``nope-lightning run`` process instead — required for multi-process strategies (DDP/FSDP), whose launcher
-re-executes the command line in every extra rank.
+re-executes the command line in every extra rank. Such a step never outlives the pipeline: it runs in its own
+process group, which the pipeline kills when it stops on an error or a signal, and on Linux the kernel
+kills the step (``PR_SET_PDEATHSIG``) when the pipeline dies by SIGKILL, where no code of ours can run.
+Otherwise an orphaned step would keep training into the out_dir that the rerun resumes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -107,7 +112,7 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
         parent = tracking.create_run(cfg.tracking, "pipeline", cfg.name, cfg)
         tracking.client(cfg.tracking).set_tag(parent, "pipeline_hash", pipeline_hash)
     else:
-        tracking.client(cfg.tracking).update_run(parent, status="RUNNING")
+        tracking.claim_run(cfg.tracking, parent)
     done = finished_steps(cfg, parent)
     results: dict[str, dict] = {}
     start = time.perf_counter()
@@ -144,7 +149,8 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
 
 def run_subprocess(stage: str, stage_cfg: Any) -> dict[str, Any]:
     """Run one stage as ``python -m nope_lightning.cli run <stage> <resolved.yaml>`` (its output shown as
-    usual); the CLI writes its result to ``$NOPE_LIGHTNING_RESULT``."""
+    usual) in its own process group that dies with this process; the CLI writes its result to
+    ``$NOPE_LIGHTNING_RESULT``."""
     import os
     import subprocess
     import tempfile
@@ -152,11 +158,78 @@ def run_subprocess(stage: str, stage_cfg: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         path, result = Path(tmp) / f"{stage}.yaml", Path(tmp) / "result.json"
         path.write_text(to_yaml(stage_cfg))
-        proc = subprocess.run([sys.executable, "-m", "nope_lightning.cli", "run", stage, str(path)],
-                              env={**os.environ, "NOPE_LIGHTNING_RESULT": str(result)})
-        if proc.returncode or not result.exists():
-            raise RuntimeError(f"stage {stage} failed in its subprocess (exit {proc.returncode}); see its output")
+        linux = sys.platform.startswith("linux")
+        proc = subprocess.Popen([sys.executable, "-m", "nope_lightning.cli", "run", stage, str(path)],
+                                env={**os.environ, "NOPE_LIGHTNING_RESULT": str(result)}, start_new_session=True,
+                                preexec_fn=die_with(os.getpid()) if linux else None)
+        try:
+            with signals_raise():
+                code = proc.wait()
+        except BaseException:
+            kill_group(proc)
+            raise
+        if code or not result.exists():
+            raise RuntimeError(f"stage {stage} failed in its subprocess (exit {code}); see its output")
         return json.loads(result.read_text())
+
+
+def die_with(parent: int):
+    """A ``preexec_fn``: the child asks the kernel for SIGKILL when ``parent`` dies (Linux prctl), and
+    dies at once if ``parent`` is already gone (the request only covers a death after it)."""
+    def request() -> None:
+        import ctypes
+        import os
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return request
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise ``SystemExit`` (their default kills Python without unwinding), so the caller
+    can clean up; only the main thread can install handlers, elsewhere nothing changes."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def kill_group(proc, grace_s: float = 10.0) -> None:
+    """SIGTERM the process group ``proc`` leads, then SIGKILL what is left after ``grace_s``."""
+    import os
+    import signal
+    import subprocess
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:  # the leader is gone; anything it started gets no grace
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            return
 
 
 def _jsonable(value: Any) -> bool:
