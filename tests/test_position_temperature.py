@@ -27,6 +27,7 @@ from nope_lightning.model.temperature import log_scales, set_log_scales, ssmax_i
 from nope_lightning.stages.evaluate import extension_label, extension_overrides
 from nope_lightning.stages.headscale_log import HeadScaleLogLM, fitted_slope
 from nope_lightning.stages.lm import lm_loss
+from tests.conftest import REPO
 
 VOCAB, L, H, HS = 61, 8, 4, 8
 LAMBDAS = torch.tensor([[0.7, 1.0, 1.4, 2.2], [1.2, 0.9, 1.0, 1.6]])  # per-head temperatures (2 layers)
@@ -246,3 +247,53 @@ def test_bad_input_is_one_line_error(export, tmp_path):
     save_temperature_table(tmp_path / "neg.safetensors", -SLOPES - 0.1, key="log_scale")
     one_line_error(lambda: load_model(export, tracking, log_scale_table=str(tmp_path / "neg.safetensors")), ">= 0")
     assert ssmax_init(L) == pytest.approx(1 / math.log(L))
+
+
+def test_headscale_log_stage_trains_slopes_that_evaluate_reloads(tiny_pretrained, tmp_path):
+    """``headscale parameterization=log`` end to end: only the slopes get gradients (every step), they stay
+    >= 0 and move; the saved table, loaded through evaluate's ``extension.log_scale_table=runs:/…``, gives the
+    trained model's logits exactly, which equal the plain model's up to train_len."""
+    from lightning.pytorch.callbacks import Callback
+
+    from nope_lightning import tracking
+    from nope_lightning.stages import headscale
+
+    class Recorder(Callback):
+        def __init__(self) -> None:
+            self.with_grad, self.tables = [], []
+
+        def on_after_backward(self, trainer, module) -> None:
+            self.with_grad.append({n for n, p in module.model.named_parameters() if p.grad is not None})
+
+        def on_train_batch_end(self, trainer, module, *args) -> None:
+            self.tables.append(log_scales(module.model).clone())
+
+        def on_train_end(self, trainer, module) -> None:
+            with torch.no_grad():
+                self.logits = module.model(probe)
+
+    values = dict(o.split("=", 1) for o in tiny_pretrained["tracking"])
+    store = TrackingConfig(uri=values["tracking.uri"], artifact_root=values["tracking.artifact_root"])
+    export = tiny_pretrained["model"]
+    base = load_model(export, store).model
+    probe = torch.randint(0, 500, (2, 2 * base.train_len), generator=torch.Generator().manual_seed(0))
+    cfg = load_config(HeadScaleConfig, str(REPO / "conf/headscale/tiny.yaml"),
+                      [*tiny_pretrained["tracking"], f"checkpoint={export}", f"out_dir={tmp_path}/hs", "steps=4",
+                       "parameterization=log", "init=0.5", "trainer.progress_bar=false"])
+    recorder = Recorder()
+    result = headscale.run(cfg, callbacks=[recorder])
+    names = {f"transformer.h.{i}.attn.position_temperature.log_scale" for i in range(base.cfg.n_layer)}
+    assert recorder.with_grad == [names] * 4
+    assert all(bool((t >= 0).all()) for t in recorder.tables)
+    assert not torch.equal(recorder.tables[-1], torch.full_like(recorder.tables[-1], 0.5))
+    assert result["table"].endswith("headscale/log_scale.safetensors") and result["init_a"] == 0.5
+
+    ext = ExtensionConfig(log_scale_table=f"runs:/{result['run_id']}/headscale/log_scale.safetensors")
+    reloaded = load_model(export, store, **extension_overrides(ext, store)).model.eval()
+    assert torch.equal(log_scales(reloaded), recorder.tables[-1])
+    with torch.no_grad():
+        assert torch.equal(reloaded(probe), recorder.logits)
+        inside = probe[:, :base.train_len]
+        assert torch.equal(reloaded(inside), base.eval()(inside))
+    summary = json.loads(tracking.download(store, result["run_id"], "headscale.json").read_text())
+    assert summary["log_scale"] == recorder.tables[-1].tolist() and summary["init"]["a"] == 0.5

@@ -24,7 +24,8 @@ Logged (MLflow run tagged ``stage=headscale``, nested under ``tracking.parent_ru
 ``…/ppl`` (every ``trainer.val_every_n_steps``; 0: at the end); artifacts ``headscale/lambda.safetensors``
 + ``.json`` (``evaluate extension.temperature_table=runs:/<id>/headscale/lambda.safetensors``),
 ``headscale.json`` (table, init, constraint, final val loss, entropies) and ``plots/entropy_vs_lambda.png``
-(Fig 5).
+(Fig 5). ``parameterization=log`` (HeadScale-log, ``headscale_log.py``) trains per-head slopes a of a per-query
+temperature instead, the same way, saved as ``headscale/log_scale.safetensors``.
 
 Resume: ``out_dir`` (default ``mlruns/checkpoints/headscale/<name>``) holds ``checkpoints/`` (``step*.ckpt``
 every ``trainer.checkpoint_every_n_steps`` and ``last.ckpt``), ``config.yaml`` and ``mlflow_run_id``. A
@@ -52,9 +53,18 @@ from nope_lightning import tracking
 from nope_lightning.checkpoint import LoadedModel, load_model
 from nope_lightning.config import HeadScaleConfig, OptimConfig
 from nope_lightning.model import GPT, count_parameters, set_head_scales
-from nope_lightning.model.attention import save_temperature_table
-from nope_lightning.stages.lm import (CausalLM, check_resumable, check_target_len, check_tokenizer,
-                                     checkpoint_callback, out_dir_lock, record_run, resumed_run_id, trained_state)
+from nope_lightning.model.attention import TABLE_KINDS, save_temperature_table
+from nope_lightning.stages.lm import (
+    CausalLM,
+    check_resumable,
+    check_target_len,
+    check_tokenizer,
+    checkpoint_callback,
+    out_dir_lock,
+    record_run,
+    resumed_run_id,
+    trained_state,
+)
 
 if TYPE_CHECKING:
     from nope_lightning.data import PreparedData
@@ -65,8 +75,8 @@ ENTROPY_CHUNK = 256  # query rows per entropy step (memory ~ 3 * H * chunk * T f
 CONVERGED_TAIL = 8  # "converged" entropy: mean over the last 1/8 of the target_len positions
 TABLE_FILE = "headscale/lambda.safetensors"
 #: Sections that must match for a run to continue from the checkpoint in its out_dir.
-RESUME_KEYS = ("checkpoint", "target_len", "init", "scale_search", "constraint", "steps", "batch_size", "seed",
-               "optim")
+RESUME_KEYS = ("checkpoint", "target_len", "init", "scale_search", "constraint", "parameterization", "steps",
+               "batch_size", "seed", "optim")
 
 
 def lambda_floor(constraint: bool) -> float:
@@ -167,7 +177,8 @@ def validation_windows(prepared: PreparedData, length: int, count: int) -> torch
 def default_name(cfg: HeadScaleConfig, loaded: LoadedModel) -> str:
     base = loaded.config.name or loaded.folder.parent.name
     init = cfg.init if cfg.init in ("search", "default") else f"{float(cfg.init):g}"
-    return f"headscale-{base}-L{cfg.target_len}-init{init}" + ("" if cfg.constraint else "-free")
+    return (f"headscale-{base}-L{cfg.target_len}-init{init}" + ("" if cfg.constraint else "-free")
+            + ("-log" if cfg.parameterization == "log" else ""))
 
 
 def checked_inputs(cfg: HeadScaleConfig) -> tuple[LoadedModel, PreparedData, float]:
@@ -178,7 +189,12 @@ def checked_inputs(cfg: HeadScaleConfig) -> tuple[LoadedModel, PreparedData, flo
     check_target_len(loaded.config, cfg.target_len)
     prepared = prepare(loaded.config.data)
     check_tokenizer(prepared, loaded)
-    init, floor = initial_lambda(cfg, loaded), lambda_floor(cfg.constraint)
+    if cfg.parameterization == "log":
+        from nope_lightning.stages.headscale_log import SLOPE_FLOOR, initial_slope
+
+        init, floor = initial_slope(cfg, loaded), SLOPE_FLOOR
+    else:
+        init, floor = initial_lambda(cfg, loaded), lambda_floor(cfg.constraint)
     if init < floor:
         raise ValueError(f"the initial lambda {init:g} is below the focus constraint lambda >= {floor:g}; "
                          f"use init >= {floor:g} or constraint=false")
@@ -212,10 +228,17 @@ def train(cfg: HeadScaleConfig, callbacks: Sequence, loaded: LoadedModel, prepar
 
     resume_from = check_resumable(out, cfg, RESUME_KEYS)
     run_id = resumed_run_id(out, cfg, resume_from)
-    model = loaded.model
-    set_head_scales(model, torch.full((model.cfg.n_layer, model.cfg.n_head), init))
+    model, log = loaded.model, cfg.parameterization == "log"
     seed_everything(cfg.seed, workers=True, verbose=False)
-    module = HeadScaleLM(model, cfg.optim, cfg.steps, lambda_floor(cfg.constraint), cfg.trainer.compile)
+    if log:
+        from nope_lightning.stages import headscale_log
+
+        module = headscale_log.start(model, init, cfg)
+        key, state_key, table_file, symbol = "log_scale", headscale_log.STATE_KEY, headscale_log.TABLE_FILE, "a"
+    else:
+        set_head_scales(model, torch.full((model.cfg.n_layer, model.cfg.n_head), init))
+        module = HeadScaleLM(model, cfg.optim, cfg.steps, lambda_floor(cfg.constraint), cfg.trainer.compile)
+        key, state_key, table_file, symbol = "head_scale", "transformer.h.{}.attn.head_scale", TABLE_FILE, "lambda"
     data = PackedDataModule(prepared, cfg.target_len, cfg.batch_size, cfg.seed, cfg.trainer.val_batches,
                             loaded.config.data.num_workers)
     logger = tracking.lightning_logger(cfg.tracking, "headscale", name, run_id)
@@ -224,7 +247,7 @@ def train(cfg: HeadScaleConfig, callbacks: Sequence, loaded: LoadedModel, prepar
         if run_id is None:
             tracking.log_config(cfg.tracking, logger.run_id, cfg)
             tracking.log_metrics(cfg.tracking, logger.run_id, {
-                "headscale/init_lambda": init, "headscale/trainable_parameters": count_parameters(model, True)})
+                f"headscale/init_{symbol}": init, "headscale/trainable_parameters": count_parameters(model, True)})
 
     checkpoints = checkpoint_callback(out, cfg.trainer.checkpoint_every_n_steps, cfg.steps)
     trainer = build_trainer(cfg.trainer, logger=logger, callbacks=[*callbacks, checkpoints],
@@ -236,17 +259,16 @@ def train(cfg: HeadScaleConfig, callbacks: Sequence, loaded: LoadedModel, prepar
     state = trained_state(trainer)
     if not trainer.is_global_zero:
         return {}
-    table = torch.stack([state[f"transformer.h.{i}.attn.head_scale"].float().cpu()
-                         for i in range(model.cfg.n_layer)])
+    table = torch.stack([state[state_key.format(i)].float().cpu() for i in range(model.cfg.n_layer)])
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     summary = {"checkpoint": cfg.checkpoint, "model_fingerprint": loaded.fingerprint,
-               "train_len": loaded.config.train_len, "target_len": cfg.target_len, "units": "1/sqrt(head_size)",
-               "init": {"mode": cfg.init, "lambda": init, "scale_search": cfg.scale_search},
-               "constraint": cfg.constraint, "lambda_floor": module.floor, "steps": trainer.global_step,
-               "val_loss": metrics[monitor], "head_scale": table.tolist()}
-    log_outputs(cfg, logger.run_id, loaded, prepared, summary, out / TABLE_FILE, trainer.strategy.root_device)
-    return {"run_id": logger.run_id, "out_dir": str(out), "table": str(out / TABLE_FILE),
-            "step": trainer.global_step, "world_size": trainer.world_size, "init_lambda": init, **metrics}
+               "train_len": loaded.config.train_len, "target_len": cfg.target_len, "units": TABLE_KINDS[key][1],
+               "init": {"mode": cfg.init, symbol: init, "scale_search": cfg.scale_search},
+               "constraint": cfg.constraint, f"{symbol}_floor": module.floor, "steps": trainer.global_step,
+               "val_loss": metrics[monitor], key: table.tolist()}
+    log_outputs(cfg, logger.run_id, loaded, prepared, summary, out / table_file, trainer.strategy.root_device)
+    return {"run_id": logger.run_id, "out_dir": str(out), "table": str(out / table_file),
+            "step": trainer.global_step, "world_size": trainer.world_size, f"init_{symbol}": init, **metrics}
 
 
 # --- outputs ------------------------------------------------------------------------------------------
@@ -254,18 +276,23 @@ def train(cfg: HeadScaleConfig, callbacks: Sequence, loaded: LoadedModel, prepar
 
 def log_outputs(cfg: HeadScaleConfig, run_id: str, loaded: LoadedModel, prepared: PreparedData, summary: dict,
                 path: Path, device: torch.device) -> None:
-    """Save the table (``summary["head_scale"]``) at ``path`` and log it, the Fig 5 plot (entropies of the
-    model reloaded the way ``evaluate`` loads a table) and ``headscale.json``."""
-    table = torch.tensor(summary["head_scale"])
+    """Save the table (``summary["head_scale"]``, or ``["log_scale"]`` for HeadScale-log) at ``path`` and log
+    it, the Fig 5 plot (entropies of the model reloaded the way ``evaluate`` loads a table) and
+    ``headscale.json``."""
+    log = cfg.parameterization == "log"
+    key = "log_scale" if log else "head_scale"
+    table = torch.tensor(summary[key])
     save_temperature_table(path, table, {"checkpoint": cfg.checkpoint, "target_len": cfg.target_len,
-                                         "model_fingerprint": summary["model_fingerprint"]})
+                                         "model_fingerprint": summary["model_fingerprint"]}, key=key)
     tracking.log_artifacts(cfg.tracking, run_id, path.parent, "headscale")
     if cfg.entropy_windows:
-        tuned = load_model(str(loaded.folder), cfg.tracking, temperature_table=str(path)).model.to(device).eval()
+        setting = {("log_scale_table" if log else "temperature_table"): str(path)}
+        tuned = load_model(str(loaded.folder), cfg.tracking, **setting).model.to(device).eval()
         entropy = converged_entropy(tuned, validation_windows(prepared, cfg.target_len, cfg.entropy_windows))
         summary["converged_entropy"] = {"unit": "nats", "per_head": entropy.tolist(),
                                         "positions": f"last 1/{CONVERGED_TAIL} of {cfg.target_len}"}
-        figure = entropy_vs_lambda_figure(entropy.numpy(), table.numpy(), cfg.target_len)
+        figure = entropy_vs_lambda_figure(entropy.numpy(), table.numpy(), cfg.target_len,
+                                          *(("slope a", 0.0) if log else ()))
         tracking.log_figure(cfg.tracking, run_id, figure, "plots/entropy_vs_lambda.png")
     tracking.log_json(cfg.tracking, run_id, summary, "headscale.json")
 
@@ -293,9 +320,11 @@ def converged_entropy(model: GPT, windows: torch.Tensor) -> torch.Tensor:
     return (sums[..., -tail:].mean(-1) / len(windows)).float()
 
 
-def entropy_vs_lambda_figure(entropy: np.ndarray, table: np.ndarray, target_len: int):
-    """Fig 5 style: learned lambda (y, units of 1/sqrt(d)) against converged entropy (x, nats) per head, one
-    colour per layer. ``entropy`` and ``table`` are (n_layer, n_head)."""
+def entropy_vs_lambda_figure(entropy: np.ndarray, table: np.ndarray, target_len: int,
+                             what: str = "lambda (x 1/sqrt(d))", floor: float = 1.0):
+    """Fig 5 style: learned ``what`` (y: lambda in units of 1/sqrt(d), or HeadScale-log's slope a) against
+    converged entropy (x, nats) per head, one colour per layer, a dotted line at ``floor``. ``entropy`` and
+    ``table`` are (n_layer, n_head)."""
     from nope_lightning.eval.plots import plt  # pyplot with the headless backend selected
 
     n_layer = table.shape[0]
@@ -303,10 +332,10 @@ def entropy_vs_lambda_figure(entropy: np.ndarray, table: np.ndarray, target_len:
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for layer in range(n_layer):
         ax.scatter(entropy[layer], table[layer], color=colours[layer], label=f"layer {layer}", s=18)
-    ax.axhline(1.0, color="gray", linestyle=":", linewidth=1)
+    ax.axhline(floor, color="gray", linestyle=":", linewidth=1)
     ax.set_xlabel(f"converged attention entropy at {target_len} (nats)")
-    ax.set_ylabel("learned lambda (x 1/sqrt(d))")
-    ax.set_title(f"HeadScale at {target_len}: per-head lambda vs entropy")
+    ax.set_ylabel(f"learned {what}")
+    ax.set_title(f"HeadScale at {target_len}: per-head {what.split(' (')[0]} vs entropy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=max(1, n_layer // 8))
     fig.tight_layout()

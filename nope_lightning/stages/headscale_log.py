@@ -18,7 +18,7 @@ import torch
 
 from nope_lightning.config import HeadScaleConfig, OptimConfig
 from nope_lightning.model import GPT, count_parameters
-from nope_lightning.model.temperature import make_log_scales_trainable
+from nope_lightning.model.temperature import make_log_scales_trainable, set_log_scales
 from nope_lightning.stages.headscale import HeadScaleLM
 
 if TYPE_CHECKING:
@@ -80,3 +80,9 @@ class HeadScaleLogLM(HeadScaleLM):
     def lambda_stats(self) -> dict[str, torch.Tensor]:
         """Mean, min and max slope a over all heads (HeadScaleLM's reduction, named for a)."""
         return {k.replace("/lambda_", "/a_"): v for k, v in super().lambda_stats().items()}
+
+
+def start(model: GPT, init: float, cfg: HeadScaleConfig) -> HeadScaleLogLM:
+    """Every head's slope set to ``init``, then the module that trains them (``headscale`` stage, log)."""
+    set_log_scales(model, torch.full((model.cfg.n_layer, model.cfg.n_head), init))
+    return HeadScaleLogLM(model, cfg.optim, cfg.steps, cfg.trainer.compile)
