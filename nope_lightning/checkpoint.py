@@ -32,6 +32,7 @@ def export_model(out: str | Path, model: GPT, cfg: Any, tokenizer_file: str | Pa
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out / WEIGHTS))
     (out / CONFIG).write_text(to_yaml(cfg))
+    (out / WEIGHTS).chmod((out / CONFIG).stat().st_mode & 0o777)  # safetensors writes 0600; match the rest
     tokenizer_text = Path(tokenizer_file).read_text()
     (out / TOKENIZER).write_text(tokenizer_text)
     meta = {**meta, "vocab_size": model.config.vocab_size, "train_len": model.train_len,

@@ -578,7 +578,7 @@ class HeadScaleConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=0.1, warmup_steps=20, min_lr_ratio=0.1,
                                                                    weight_decay=0.0, grad_clip=1.0))
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(val_every_n_steps=0, val_batches=4,
-                                                                         checkpoint_every_n_steps=0))
+                                                                         checkpoint_every_n_steps=50))
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     entropy_windows: int = 2
     name: str = ""

@@ -25,8 +25,16 @@ from nope_lightning import tracking
 from nope_lightning.checkpoint import CONFIG, LoadedModel, export_model, load_model, resolve_reference
 from nope_lightning.config import FinetuneConfig, PretrainConfig, RopeScalingConfig, load_config
 from nope_lightning.model import GPT
-from nope_lightning.stages.lm import (check_resumable, check_target_len, check_tokenizer, checkpoint_callback,
-                                     out_dir_lock, record_run, resumed_run_id, trained_state)
+from nope_lightning.stages.lm import (
+    check_resumable,
+    check_target_len,
+    check_tokenizer,
+    checkpoint_callback,
+    out_dir_lock,
+    record_run,
+    resumed_run_id,
+    trained_state,
+)
 
 #: Sections that must match for a run to continue from the checkpoint in its out_dir.
 RESUME_KEYS = ("checkpoint", "target_len", "rope_scaling", "budget", "raw_multiplier", "steps", "batch_size", "seed",

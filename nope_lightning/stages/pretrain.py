@@ -15,15 +15,24 @@ from typing import Any
 from nope_lightning import tracking
 from nope_lightning.checkpoint import export_model
 from nope_lightning.config import PretrainConfig
-from nope_lightning.stages.lm import checkpoint_callback, check_resumable, out_dir_lock, record_run, resumed_run_id
+from nope_lightning.stages.lm import (
+    check_resumable,
+    checkpoint_callback,
+    out_dir_lock,
+    record_run,
+    resumed_run_id,
+)
 
 #: Sections that must match for a run to continue from a checkpoint (max_steps may grow, tracking may move).
-RESUME_KEYS = ("model", "data", "optim", "train_len", "batch_size", "seed")
+RESUME_KEYS = ("model", "data", "optim", "retrieval", "train_len", "batch_size", "seed")
 
 
 def default_name(cfg: PretrainConfig) -> str:
-    corpus = Path(cfg.data.corpus).name or "corpus"
-    return f"pretrain-{cfg.model.pos_encoding}-{corpus}-L{cfg.train_len}"
+    from nope_lightning.data.corpus import corpus_label
+
+    corpus = corpus_label(cfg.data.corpus)
+    ssmax = "-ssmax" if cfg.model.ssmax else ""
+    return f"pretrain-{cfg.model.pos_encoding}{ssmax}-{corpus}-L{cfg.train_len}"
 
 
 def output_dir(cfg: PretrainConfig) -> Path:
@@ -41,6 +50,7 @@ def train(cfg: PretrainConfig, out: Path) -> dict[str, Any]:
     from lightning.pytorch.utilities import rank_zero_only
 
     from nope_lightning.data import PackedDataModule, prepare
+    from nope_lightning.data.retrieval import RetrievalMix
     from nope_lightning.model import GPT, count_parameters
     from nope_lightning.run import build_trainer, check_strategy
     from nope_lightning.stages.lm import CausalLM
@@ -54,8 +64,10 @@ def train(cfg: PretrainConfig, out: Path) -> dict[str, Any]:
     seed_everything(cfg.seed, workers=True, verbose=False)
     model = GPT(cfg.model, prepared.tokenizer.vocab_size, cfg.train_len)
     module = CausalLM(model, cfg.optim, cfg.trainer.max_steps, cfg.trainer.compile)
+    mix = (RetrievalMix(prepared.tokenizer, cfg.retrieval.fraction, cfg.train_len, cfg.retrieval.prompt,
+                        cfg.retrieval.filler) if cfg.retrieval.fraction else None)
     data = PackedDataModule(prepared, cfg.train_len, cfg.batch_size, cfg.seed, cfg.trainer.val_batches,
-                            cfg.data.num_workers)
+                            cfg.data.num_workers, mix)
 
     logger = tracking.lightning_logger(cfg.tracking, "pretrain", name, run_id)
     if rank_zero_only.rank == 0:
