@@ -62,6 +62,18 @@ def test_tiny_pipeline_tracks_every_metric_and_artifact(full_run):
         assert needle in text
     assert {p.name for p in report.parent.glob("*.png")} >= {"position_curves_nope.png", "passkey_heatmaps.png",
                                                              "lambda_fit.png"}
+    # the report lives in the pipeline's own run (no run of its own), with its HTML page and headline metrics
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    parent = client.get_run(result["run_id"])
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{result['run_id']}'")
+    assert not [r for r in children if r.data.tags.get("stage") == "report"]
+    assert {"report/report.md", "report/report.html"} <= {a.path for a in client.list_artifacts(result["run_id"],
+                                                                                                "report")}
+    assert parent.data.metrics["nope/test/len256/ppl"] == pytest.approx(metrics["eval_nope"]["test/len256/ppl"])
+    assert "nope lambda_best/test/len256/ppl" in parent.data.metrics  # '=' is not a valid metric character
 
 
 def test_rerun_skips_finished_steps(full_run, data_cache, capfd):

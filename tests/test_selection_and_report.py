@@ -100,3 +100,20 @@ def test_study_names_are_readable_and_stable():
                               dict(reversed(settings.items())))  # a killed search finds its study again
     assert name != study_name("pretrain-nope-kjv-L128", "scale-search L128->256,512 grid lambda 0.8-1",
                               {**settings, "model": "abd"})  # another model: another study
+
+
+def test_the_html_report_embeds_its_images_and_renders_tables(tmp_path):
+    import base64
+
+    import matplotlib.pyplot as plt
+
+    from nope_lightning.stages.report import report_html
+
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    fig.savefig(tmp_path / "curve.png")
+    page = report_html("# R\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n![curve.png](curve.png)\n", tmp_path, "R")
+    assert "<table>" in page and "<td>2</td>" in page
+    encoded = re.search(r'src="data:image/png;base64,([^"]+)"', page).group(1)
+    assert base64.b64decode(encoded) == (tmp_path / "curve.png").read_bytes()  # embedded, not linked
+    assert 'src="curve.png"' not in page

@@ -1,8 +1,9 @@
 """``report``: markdown tables and PNG plots from the runs of a pipeline, with the papers' numbers beside ours.
 
 Reads the pipeline's child runs from MLflow (evaluate ``results.json``, scale-search ``scale_search.json``,
-HeadScale and synthetic artifacts), writes ``report.md`` + PNGs under ``out_dir`` and logs them to a
-``report`` run nested under the pipeline. Methods are the pipeline steps' labels (tag ``method``).
+HeadScale and synthetic artifacts), writes ``report.md``, a self-contained ``report.html`` and the PNGs under
+``out_dir``, and logs them, with per-method headline metrics, to the pipeline run itself (artifact folder
+``report/``; a rerun overwrites them, so there is one report per pipeline run). Methods are the pipeline steps' labels (tag ``method``).
 """
 
 from __future__ import annotations
@@ -323,20 +324,65 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
         figures["position_curves_nope.png"] = position_figure(nope_family, train_len)
         figures["position_curves_baselines.png"] = position_figure(baselines, train_len)
         figures["passkey_heatmaps.png"] = passkey_figure(evals)
-    report_run = tracking.create_run(cfg.tracking, "report", f"report-{pipeline.info.run_name}", cfg)
     for name, fig in figures.items():
         if fig is not None:
             fig.savefig(out / name, dpi=120, bbox_inches="tight")
-            tracking.log_figure(cfg.tracking, report_run, fig, f"report/{name}")
     sections += [md.read_text() for md in sorted(out.glob("*.md")) if md.name != "report.md"]
     pngs = sorted(p.name for p in out.glob("*.png"))
     text = (f"# Report: pipeline `{pipeline.info.run_name}` (run {cfg.run})\n\n"
             + "\n\n".join(s for s in sections if s)
             + "\n\n## Plots\n\n" + "\n".join(f"![{p}]({p})" for p in pngs) + "\n")
     (out / "report.md").write_text(text)
-    tracking.log_artifacts(cfg.tracking, report_run, out, "report")
-    tracking.end_run(cfg.tracking, report_run)
-    return {"run_id": report_run, "markdown": str(out / "report.md"), "methods": len(evals)}
+    (out / "report.html").write_text(report_html(text, out, f"Report: {pipeline.info.run_name}"))
+    # Into the pipeline's own run (no run of its own): a rerun overwrites the same artifacts and metrics.
+    tracking.log_artifacts(cfg.tracking, cfg.run, out, "report")
+    logged = tracking.client(cfg.tracking).get_run(cfg.run).data.metrics
+    tracking.log_metrics(cfg.tracking, cfg.run, {k: v for k, v in comparison_metrics(evals).items()
+                                                 if logged.get(k) != v})  # no duplicate points on a rerun
+    return {"run_id": cfg.run, "markdown": str(out / "report.md"), "html": str(out / "report.html"),
+            "methods": len(evals)}
+
+
+def report_html(markdown_text: str, folder: Path, title: str) -> str:
+    """The report as one self-contained HTML page (tables, and the PNGs embedded as data URIs), so MLflow's
+    artifact viewer and a browser show it whole without the neighbouring files."""
+    import base64
+    import html
+    import re
+
+    import markdown
+
+    body = markdown.markdown(markdown_text, extensions=["tables"])
+
+    def embed(match: re.Match) -> str:
+        png = folder / html.unescape(match.group(1))
+        if not png.is_file():
+            return match.group(0)
+        return f'src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"'
+
+    body = re.sub(r'src="([^"]+\.png)"', embed, body)
+    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;line-height:1.4}"
+             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:3px 8px;"
+             "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>\n{body}\n</body></html>\n")
+
+
+def comparison_metrics(evals: dict[str, dict]) -> dict[str, float]:
+    """Per-method headline numbers for the pipeline run, so MLflow's runs table compares pipelines at a
+    glance: ``<method>/test/len<N>/ppl`` (primary corpus) and ``<method>/passkey/mean``. Method labels are
+    made metric-safe (MLflow allows letters, digits, ``_ - . / :`` and spaces)."""
+    import re
+
+    out = {}
+    for method, r in evals.items():
+        slug = re.sub(r"[^A-Za-z0-9_\-./: ]", "_", method)
+        corpus = r["corpora"][0]
+        for length, value in r["ppl"].get(corpus, {}).items():
+            out[f"{slug}/{r.get('split', 'test')}/len{length}/ppl"] = value["ppl"]
+        if "passkey" in r:
+            out[f"{slug}/passkey/mean"] = r["passkey"]["overall"]
+    return out
 
 
 def _copy_pngs(cfg: ReportConfig, run, out: Path, method: str) -> None:
