@@ -428,7 +428,9 @@ class EvaluateConfig:
     ``reference`` or ``compact`` (no task line); a length too short for the prompt is skipped with one line.
     ``longbench_files``: LongBench(-E) JSONL files, run with the prompts and budgets of the user's LongBench
     ``longbench_config`` folder (``longbench_beams`` >= 1). ``harness_tasks``: lm-evaluation-harness tasks
-    (``harness_include``: a folder of extra task YAMLs).
+    (``harness_include``: a folder of extra task YAMLs). Results are saved under ``out_dir`` (default
+    ``mlruns/results/evaluate/<run name>-<config hash>``, beside the artifact root) before they are logged; a rerun after a tracking
+    failure logs them without computing again.
     """
 
     checkpoint: str = ""
@@ -460,6 +462,7 @@ class EvaluateConfig:
     max_new_tokens: int = 8
     seed: int = 1234
     name: str = ""
+    out_dir: str = ""
     plots: bool = True
 
     def __post_init__(self) -> None:

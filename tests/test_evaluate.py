@@ -238,3 +238,27 @@ def test_a_folder_corpus_is_a_whole_test_set_with_a_valid_metric_name(evaluated,
     assert results["ppl"][str(folder)]["64"]["tokens"] == want
     with pytest.raises(ValueError, match="used whole as test data"):
         run_stage("evaluate", stage_config("evaluate", None, [*base, f"corpora=['{folder}']", "split=val"]))
+
+
+def test_results_survive_a_tracking_failure_and_a_rerun_logs_them(evaluated, monkeypatch):
+    from nope_lightning import tracking
+
+    overrides = [*evaluated["overrides"], "passkey_keys=0", "longctx_samples=0", "entropy_windows=0",
+                 "position_windows=0", "eval_lengths=[64]", "name=survivor", "plots=false"]
+    create_run = tracking.create_run
+
+    def store_gone(*args, **kwargs):
+        raise ConnectionError("the tracking server went away")
+
+    monkeypatch.setattr(tracking, "create_run", store_gone)
+    with pytest.raises(ValueError, match=r"evaluate finished but could not log .* results are kept in (\S+): rerun"):
+        run_stage("evaluate", stage_config("evaluate", None, overrides))
+    monkeypatch.setattr(tracking, "create_run", create_run)
+    computed = []
+    monkeypatch.setattr("nope_lightning.stages.evaluate.WindowEvaluator", lambda *a, **k: computed.append(1))
+    result = run_stage("evaluate", stage_config("evaluate", None, overrides))  # logs what was saved, no compute
+    assert not computed and result["test/len64/ppl"] == pytest.approx(evaluated["plain"]["test/len64/ppl"])
+    uri = next(o for o in evaluated["overrides"] if o.startswith("tracking.uri=")).split("=", 1)[1]
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(uri).get_run(result["run_id"]).data.metrics["test/len64/ppl"] == result["test/len64/ppl"]

@@ -8,6 +8,8 @@ length x depth; synthetic long-context tasks and user-supplied LongBench files. 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from tqdm.auto import tqdm
 
 from nope_lightning import tracking
 from nope_lightning.checkpoint import LoadedModel, load_model
-from nope_lightning.config import EvaluateConfig, ExtensionConfig, TrackingConfig
+from nope_lightning.config import EvaluateConfig, ExtensionConfig, TrackingConfig, to_dict
 from nope_lightning.data.corpus import corpus_label
 from nope_lightning.eval.perplexity import (
     Stream,
@@ -158,6 +160,12 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
     check_strategy(cfg.trainer)
     loaded = load_model(cfg.checkpoint, cfg.tracking, **extension_overrides(cfg.extension, cfg.tracking,
                                                                             cfg.checkpoint))
+    local = local_results_dir(cfg, loaded)
+    if (local / "metrics.json").is_file() and not (local / "logged").is_file():
+        # A finished evaluation whose logging failed: log what is there instead of computing it again.
+        saved = json.loads((local / "metrics.json").read_text())
+        return log_results(cfg, saved["name"], saved["metrics"], json.loads((local / "results.json").read_text()),
+                           local)
     model, train_len = loaded.model.eval(), loaded.config.train_len
     lengths = sorted(cfg.eval_lengths or [train_len * m for m in (1, 2, 4, 8)])
     passkey_lengths = sorted(cfg.passkey_lengths or lengths)
@@ -198,15 +206,46 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
     if cfg.harness_tasks:
         metrics.update(harness(model, tokenizer, cfg, results))
 
+    name = cfg.name or default_run_name(loaded, cfg)
+    # Saved before any logging: a tracking failure from here on loses nothing, and a rerun logs these.
+    local.mkdir(parents=True, exist_ok=True)
+    (local / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    (local / "metrics.json").write_text(json.dumps({"name": name, "metrics": metrics}, indent=1))
+    return log_results(cfg, name, metrics, results, local)
+
+
+def default_run_name(loaded: LoadedModel, cfg: EvaluateConfig) -> str:
     split = "" if cfg.split == "test" else f"-{cfg.split}"
-    name = cfg.name or (f"evaluate-{loaded.config.name or Path(loaded.folder).parent.name}-{results['setting']}"
-                        f"{split}")
-    run_id = tracking.create_run(cfg.tracking, "evaluate", name, cfg)
-    tracking.log_metrics(cfg.tracking, run_id, metrics)
-    tracking.log_json(cfg.tracking, run_id, results, "results.json")
-    if cfg.plots:
-        log_plots(cfg, run_id, results, train_len)
-    tracking.end_run(cfg.tracking, run_id)
+    return f"evaluate-{loaded.config.name or Path(loaded.folder).parent.name}-{extension_label(cfg.extension)}{split}"
+
+
+def local_results_dir(cfg: EvaluateConfig, loaded: LoadedModel) -> Path:
+    """Where this evaluation's results are kept on disk before they are logged: ``cfg.out_dir`` or
+    ``<artifact root>/../results/evaluate/<run name>-<hash of the resolved config>`` (``mlruns/results/...``
+    by default), so only the same evaluation of the same model finds them again."""
+    if cfg.out_dir:
+        return Path(cfg.out_dir)
+    digest = hashlib.sha256(json.dumps({"config": to_dict(cfg), "model": loaded.fingerprint}, sort_keys=True,
+                                       default=str).encode()).hexdigest()[:10]
+    root = Path(cfg.tracking.artifact_root).parent / "results" / "evaluate"
+    return root / f"{cfg.name or default_run_name(loaded, cfg)}-{digest}"
+
+
+def log_results(cfg: EvaluateConfig, name: str, metrics: dict[str, float], results: dict, local: Path) -> dict:
+    """One MLflow run with the metrics, ``results.json`` and the plots; on a tracking failure, an error that
+    says where the results are kept."""
+    try:
+        run_id = tracking.create_run(cfg.tracking, "evaluate", name, cfg)
+        tracking.log_metrics(cfg.tracking, run_id, metrics)
+        tracking.log_json(cfg.tracking, run_id, results, "results.json")
+        if cfg.plots:
+            log_plots(cfg, run_id, results, results["train_len"])
+        tracking.end_run(cfg.tracking, run_id)
+    except Exception as err:  # noqa: BLE001 - any tracking failure: the results are safe on disk, say where
+        message = " ".join(str(err).split())
+        raise ValueError(f"evaluate finished but could not log to {cfg.tracking.uri} ({type(err).__name__}: "
+                         f"{message}); its results are kept in {local}: rerun the same command to log them") from err
+    (local / "logged").write_text(run_id)
     return {"run_id": run_id, **metrics}
 
 
