@@ -208,10 +208,14 @@ def test_tiny_grid_nests_children_and_logs_the_aggregate(tracking_overrides):
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"ood_table.md", "ood_table.png", "results.json"} <= artifacts
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "attention")} == {
-        "attention/jsd_copy_repeat.png", "attention/distance_copy_repeat.png"}
+        "attention/jsd_copy_repeat.png", "attention/jsd_by_layer_copy_repeat.png", "attention/distance_copy_repeat.png"}
     assert "per_length/copy_repeat.png" in {a.path for a in client.list_artifacts(parent.info.run_id, "per_length")}
     jsd_curve = summary["attention"]["copy_repeat"]["jsd"]["ALiBi"]
     assert sorted(jsd_curve) == [1, 2, 3, 4, 5, 6] and all(0 <= v <= math.log(2) for v in jsd_curve.values())
+    by_layer = summary["attention"]["copy_repeat"]["jsd_by_layer"]["ALiBi"]
+    for length, layers in by_layer.items():  # per layer, and the layer mean is the curve above
+        assert len(layers) >= 2 and all(0 <= v <= math.log(2) for v in layers)
+        assert sum(layers) / len(layers) == pytest.approx(jsd_curve[length], rel=1e-6)
     hist = summary["attention"]["copy_repeat"]["hist"]
     assert set(hist) == {"NoPE", "ALiBi"} and sum(hist["NoPE"]) > 0
     assert "| copy_repeat |" in summary["tables"]["ood"] and "**MRR**" in summary["tables"]["ood"]

@@ -388,15 +388,21 @@ def log_attention(grid: SyntheticGridConfig, parent: str, reports: dict[tuple[st
         jsd = {PAPER_NAMES.get(pe, pe): {length: float(np.mean([c.jsd[pe][length] for c in cells]))
                                          for length in cells[0].jsd[pe]}
                for pe in cells[0].jsd}
+        by_layer = {PAPER_NAMES.get(pe, pe): {length: np.mean([c.jsd_layers[pe][length] for c in cells], axis=0).tolist()
+                                              for length in cells[0].jsd_layers[pe]}
+                    for pe in cells[0].jsd_layers}
         hist = {PAPER_NAMES.get(pe, pe): sum(c.hist[pe] for c in cells) for pe in cells[0].hist}
         track = grid.base.tracking
         tracking.log_figure(track, parent, analysis.plot_curves(
             jsd, train_max[task], f"{task}: min-head JSD to NoPE (nats, mean over layers)", "JSD (nats)"),
             f"attention/jsd_{task}.png")
+        tracking.log_figure(track, parent, analysis.plot_layer_curves(
+            by_layer, train_max[task], f"{task}: min-head JSD to NoPE per layer (nats)", "JSD (nats)"),
+            f"attention/jsd_by_layer_{task}.png")
         tracking.log_figure(track, parent, analysis.plot_distance_hist(
             hist, cells[0].edges, f"{task}: attended distance, OOD output queries"),
             f"attention/distance_{task}.png")
-        out[task] = {"jsd": jsd, "hist": {pe: counts.tolist() for pe, counts in hist.items()},
+        out[task] = {"jsd": jsd, "jsd_by_layer": by_layer, "hist": {pe: counts.tolist() for pe, counts in hist.items()},
                      "edges": cells[0].edges.tolist()}
     return out
 

@@ -137,9 +137,12 @@ class AnalysisSequence(NamedTuple):
 @dataclass
 class AttentionReport:
     """``jsd[pe][length]``: layer-mean min-head JSD to the reference, averaged over examples of that
-    length; ``hist[pe]``: attended-distance counts over OOD examples' output queries; ``edges``: bins."""
+    length; ``jsd_layers[pe][length]``: the same per layer (paper 002's Fig 4 shows layers apart: the first
+    layers, which read positions, differ most between encodings); ``hist[pe]``: attended-distance counts over
+    OOD examples' output queries; ``edges``: bins."""
 
     jsd: dict[str, dict[int, float]] = field(default_factory=dict)
+    jsd_layers: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     hist: dict[str, np.ndarray] = field(default_factory=dict)
     edges: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
@@ -147,7 +150,7 @@ class AttentionReport:
 def analyse_attention(models: Mapping[str, GPT], sequences: Sequence[AnalysisSequence],
                       reference: str = "nope", bins: int = 20) -> AttentionReport:
     """JSD of every model's attention to ``models[reference]`` vs length, and attended-distance histograms."""
-    jsd_values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    jsd_values: dict[str, dict[int, list[np.ndarray]]] = defaultdict(lambda: defaultdict(list))
     report = AttentionReport(edges=np.linspace(0.0, 1.0, bins + 1))
     report.hist = {name: np.zeros(bins, dtype=np.int64) for name in models}
     for seq in sequences:
@@ -155,11 +158,13 @@ def analyse_attention(models: Mapping[str, GPT], sequences: Sequence[AnalysisSeq
         for name, model in models.items():
             maps = ref if name == reference else attention_maps(model, seq.ids)
             if name != reference:
-                jsd_values[name][seq.length].append(float(min_head_jsd(maps, ref).mean()))
+                jsd_values[name][seq.length].append(min_head_jsd(maps, ref).numpy())  # (n_layer,)
             if seq.ood:
                 report.hist[name] += attended_distance_hist(maps, seq.query_start, len(seq.ids) - 1, bins)[0]
-    report.jsd = {name: {length: float(np.mean(v)) for length, v in sorted(per_length.items())}
-                  for name, per_length in jsd_values.items()}
+    report.jsd_layers = {name: {length: np.mean(v, axis=0).tolist() for length, v in sorted(per_length.items())}
+                         for name, per_length in jsd_values.items()}
+    report.jsd = {name: {length: float(np.mean(v)) for length, v in per_length.items()}
+                  for name, per_length in report.jsd_layers.items()}
     return report
 
 
@@ -198,13 +203,29 @@ def _figure(width: float = 6.0, height: float = 4.0, ncols: int = 1, sharey: boo
 def plot_curves(curves: Mapping[str, Mapping[int, float]], train_max: int, title: str, ylabel: str):
     """One line per name of ``curves[name][x]``, with the training maximum marked; returns a Figure."""
     fig, ax = _figure()
+    _draw_curves(ax, curves, train_max, title, ylabel)
+    return fig
+
+
+def plot_layer_curves(curves: Mapping[str, Mapping[int, Sequence[float]]], train_max: int, title: str,
+                      ylabel: str):
+    """One panel per layer of ``curves[name][x][layer]`` (layer 1 first), shared y axis; returns a Figure."""
+    layers = len(next(iter(next(iter(curves.values())).values())))
+    fig, axes = _figure(3.2 * layers, 3.2, ncols=layers, sharey=True)
+    for layer, ax in enumerate(np.atleast_1d(axes)):
+        _draw_curves(ax, {name: {x: v[layer] for x, v in points.items()} for name, points in curves.items()},
+                     train_max, f"layer {layer + 1}", ylabel if layer == 0 else "")
+    fig.suptitle(title)
+    return fig
+
+
+def _draw_curves(ax, curves: Mapping[str, Mapping[int, float]], train_max: int, title: str, ylabel: str) -> None:
     for name, points in curves.items():
         xs = sorted(points)
         ax.plot(xs, [points[x] for x in xs], marker="o", markersize=3, label=name)
     ax.axvline(train_max + 0.5, color="grey", linestyle="--", linewidth=1, label="train max")
     ax.set(title=title, xlabel="length", ylabel=ylabel)
     ax.legend(fontsize=8)
-    return fig
 
 
 def plot_ood_table(table: Mapping[str, Mapping[str, float]], columns: Sequence[str],
