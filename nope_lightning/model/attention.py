@@ -152,6 +152,13 @@ class Attention(LitAttention):
             y = self._flash(q, k, v, mask, scale)
             if y is not None:
                 return y
+        if mask is not None and mask.dtype == torch.float32 and (
+                q.dtype in (torch.bfloat16, torch.float16) or torch.is_autocast_enabled(q.device.type)):
+            # A float32 position bias with low-precision activations (or autocast, which would cast the bias
+            # down with q): attend in float32 so every distance keeps its own bias.
+            with torch.autocast(q.device.type, enabled=False):
+                y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=scale)
+            return y.to(q.dtype).transpose(1, 2)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=mask is None)
         return y.transpose(1, 2)
 

@@ -200,8 +200,13 @@ class GPT(nn.Module):
             cos, sin = (table[:, :S] for table in self._decode_tables)
         # A square step from position 0 (a full forward, or a prefill) keeps SDPA's causal fast path.
         square = S == T
-        mask = (None if square and self.cfg.pos_encoding not in ("alibi", "t5")
-                else self.attention_bias(offsets[None] if square else positions, S, x.dtype))
+        # A position bias stays float32 under bf16/fp16 activations: in bf16 the distances of a long window
+        # collapse (4,096 ALiBi distances to 769 values); the attention then runs in float32 (attention.py).
+        biased = self.cfg.pos_encoding in ("alibi", "t5")
+        low = x.dtype in (torch.bfloat16, torch.float16)
+        mask = (None if square and not biased
+                else self.attention_bias(offsets[None] if square else positions, S,
+                                         torch.float32 if biased and low else x.dtype))
         cache_pos = None if input_pos is None else positions.expand(idx.size(0), -1)
         for block in self.transformer.h:
             x = block(x, cos, sin, mask, cache_pos)
