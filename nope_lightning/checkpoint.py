@@ -54,12 +54,17 @@ class LoadedModel:
 
     @property
     def fingerprint(self) -> str:
-        """sha256 of the weights file: identifies the trained model (results for another one are refused)."""
-        digest = hashlib.sha256()
-        with open(self.folder / WEIGHTS, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                digest.update(block)
-        return digest.hexdigest()
+        return weights_fingerprint(self.folder)
+
+
+def weights_fingerprint(folder: Path) -> str:
+    """sha256 of an export's weights file: identifies the trained model (results for another one are
+    refused), without building the model."""
+    digest = hashlib.sha256()
+    with open(Path(folder) / WEIGHTS, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def resolve_reference(ref: str, tracking: TrackingConfig) -> Path:

@@ -249,6 +249,7 @@ class TrackingConfig:
 
 
 PASSKEY_PROMPTS = ("reference", "compact")
+RETRIEVAL_FILLERS = ("corpus", "reference", "mixed")
 SPLITS = ("val", "test")
 WINDOW_SCORING = ("last_stride", "first_full")
 
@@ -271,7 +272,7 @@ class RetrievalConfig:
         if not 0.0 <= self.fraction < 1.0:
             raise ValueError(f"retrieval.fraction={self.fraction} is out of range: it must be in [0, 1)")
         check_choice("retrieval.prompt", self.prompt, PASSKEY_PROMPTS)
-        check_choice("retrieval.filler", self.filler, ("corpus", "reference", "mixed"))
+        check_choice("retrieval.filler", self.filler, RETRIEVAL_FILLERS)
 
 
 def small_recipe_trainer() -> TrainerConfig:

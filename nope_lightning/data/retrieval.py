@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from nope_lightning.config import RETRIEVAL_FILLERS
 from nope_lightning.eval.passkey import PasskeyPromptBuilder
 
 #: Fewest haystack tokens a retrieval sequence holds (else the "retrieval" is a copy from a few tokens back).
 MIN_HAYSTACK = 16
 KEY_RANGE = (10000, 100000)  # 5-digit keys, as make_passkey_samples draws them
-FILLERS = ("corpus", "reference", "mixed")
 
 
 class RetrievalMix:
@@ -52,8 +52,8 @@ class RetrievalMix:
         if not 0.0 <= fraction < 1.0:
             raise ValueError(f"retrieval.fraction={fraction} must be in [0, 1): the share of training windows "
                              f"replaced by passkey sequences")
-        if filler not in FILLERS:
-            raise ValueError(f"retrieval.filler={filler!r}: pick one of {', '.join(FILLERS)}")
+        if filler not in RETRIEVAL_FILLERS:
+            raise ValueError(f"retrieval.filler={filler!r}: pick one of {', '.join(RETRIEVAL_FILLERS)}")
         self.fraction, self.width, self.filler = fraction, seq_len + 1, filler
         self.builder = PasskeyPromptBuilder(tokenizer, [tokenizer.bos_id], prompt)
         self.eos = tokenizer.eos_id

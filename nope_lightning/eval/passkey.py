@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from itertools import cycle
 from typing import Protocol
 
+from nope_lightning.config import PASSKEY_PROMPTS
+
 TASK_LINE = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
              "I will quiz you about the important information there.")
 FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -39,7 +41,6 @@ QUESTION = "What is the pass key? The pass key is"
 # The start of each tenth of the haystack; depth 1.0 (key right before the question) is the easiest case.
 DEFAULT_DEPTHS = tuple(i / 10 for i in range(10))
 MAX_NEW_TOKENS = 10  # the reference's generation budget; a 5-digit key needs a few tokens at most
-PROMPTS = ("reference", "compact")
 
 FILLER_SENTENCES = tuple(re.findall(r" [^.]+\.", FILLER))
 assert "".join(FILLER_SENTENCES) == FILLER
@@ -75,8 +76,8 @@ class PasskeyPromptBuilder:
         with the haystack). Compact is our deviation for short training lengths, where the task line alone
         takes a large share of the window (e.g. a 2,048-token BPE needs ~140 tokens for the fixed parts of
         the reference prompt, more than a 128-token window); the info line and question are unchanged."""
-        if prompt not in PROMPTS:
-            raise ValueError(f"passkey prompt={prompt!r}: pick one of {', '.join(PROMPTS)}")
+        if prompt not in PASSKEY_PROMPTS:
+            raise ValueError(f"passkey prompt={prompt!r}: pick one of {', '.join(PASSKEY_PROMPTS)}")
         self.tokenizer = tokenizer
         newline = tokenizer.encode("\n")
         task = [*tokenizer.encode(TASK_LINE), *newline] if prompt == "reference" else []

@@ -48,13 +48,13 @@ def extension_overrides(ext: ExtensionConfig, tracking_cfg: TrackingConfig, chec
 
     log_scale_a = ext.log_scale_a
     if ext.log_scale:
-        from nope_lightning.checkpoint import load_model
+        from nope_lightning.checkpoint import resolve_reference, weights_fingerprint
         from nope_lightning.stages.headscale_log import fitted_slope
         from nope_lightning.stages.scale_search import load_result
 
         if not checkpoint:
             raise ValueError("extension.log_scale needs the evaluated checkpoint (its fit must come from that model)")
-        fingerprint = load_model(checkpoint, tracking_cfg).fingerprint
+        fingerprint = weights_fingerprint(resolve_reference(checkpoint, tracking_cfg))
         log_scale_a = fitted_slope(load_result(ext.log_scale, tracking_cfg), fingerprint,
                                    f"extension.log_scale={ext.log_scale}")
     overrides = {"temperature": ext.temperature, "temperature_table": local(ext.temperature_table),
@@ -194,8 +194,7 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
 
     results: dict[str, Any] = {"setting": extension_label(cfg.extension), "train_len": train_len,
                                "split": cfg.split, "lengths": lengths, "stride": stride,
-                               "window_scoring": cfg.window_scoring, "corpora": corpora,
-                               "corpus_labels": {c: corpus_label(c) for c in corpora}}
+                               "window_scoring": cfg.window_scoring, "corpora": corpora}
     metrics = window_metrics(evaluator.results, corpora, lengths, cfg, results)
     if keys:
         metrics.update(passkey(model, tokenizer, keys, cfg, results))
