@@ -13,7 +13,7 @@ cd "$(dirname "$0")"
 
 TORCH="torch>=2.5,<2.15"  # the range pyproject.toml allows
 CPU_INDEX="https://download.pytorch.org/whl/cpu"
-pip() { python -m pip "$@"; }
+pip() { python -m pip "$@" >&2; }  # stdout stays free for the command that follows (its JSON)
 
 build="${1:-}"
 if [[ -z "$build" ]]; then
