@@ -10,9 +10,13 @@
    prompt, 10 new tokens) and long-context-style (64 new tokens) greedy decoding, with the KV cache vs full
    forwards per token, interleaved best-of repeats, and the ratio. Both decoders give the same tokens
    (asserted here; the tests prove it for every position encoding).
+4. ``--only compile``: the small model's scoring forward (what sliding-window perplexity runs) eager vs
+   ``torch.compile(dynamic=False)`` at 2x, 4x, 8x of ``train_len`` 128, interleaved repeats, and each length's
+   compile time. ``dynamic=False`` because evaluation runs a handful of fixed window shapes (one graph each,
+   specialised), where dynamic shapes would give up shape-specialised kernels for no saved recompiles.
 
 Usage: ``python experiments/benchmark_evaluate.py [--base 1024] [--heads 4] [--head-size 32] [--chunk 256]
-[--only generation]``.
+[--only generation|compile]``.
 """
 
 from __future__ import annotations
@@ -113,7 +117,7 @@ def main() -> None:
     parser.add_argument("--head-size", type=int, default=32)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--only", choices=("memory", "throughput", "generation"), default=None,
+    parser.add_argument("--only", choices=("memory", "throughput", "generation", "compile"), default=None,
                         help="run one part of the benchmark")
     args = parser.parse_args()
     if args.only in (None, "memory"):
@@ -134,6 +138,40 @@ def main() -> None:
             for new_tokens in (10, 64):
                 cached, full = generation_times(pe, prompt_len, new_tokens, args.batch)
                 print(f"{pe:>6s} {new_tokens:4d} {cached:8.2f} {full:8.2f} {full / cached:7.1f}x")
+    if args.only == "compile":
+        compile_comparison(args.batch)
+
+
+def compile_comparison(batch: int, repeats: int = 5) -> None:
+    """Part 4: scoring forward, eager vs compiled, medians of interleaved repeats (process CPU time and wall)."""
+    import statistics
+
+    from nope_lightning.config import ModelConfig
+    from nope_lightning.model import GPT
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(), 2048, 128).eval()
+    compiled = torch.compile(model, dynamic=False)
+    print(f"\nscoring forward, small model (4 x 128, train_len 128), batch {batch}, {torch.get_num_threads()} "
+          f"threads, torch {torch.__version__}: eager vs torch.compile, medians of {repeats} interleaved repeats")
+    print(f"{'T':>6s} {'compile s':>10s} {'eager tok/s':>12s} {'compiled':>9s} {'ratio cpu':>10s} {'ratio wall':>11s}")
+    for T in (256, 512, 1024):
+        idx = torch.randint(0, 2048, (batch, T))
+        with torch.no_grad():
+            start = time.perf_counter()
+            compiled(idx)
+            compile_s = time.perf_counter() - start
+            assert torch.allclose(compiled(idx), model(idx), atol=1e-4), "compiled forward disagrees"
+            times = {False: [], True: []}
+            for _ in range(repeats):
+                for use in (False, True):
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    (compiled if use else model)(idx)
+                    times[use].append((time.perf_counter() - wall, time.process_time() - cpu))
+        med = {use: (statistics.median(w for w, _ in ts), statistics.median(c for _, c in ts))
+               for use, ts in times.items()}
+        print(f"{T:6d} {compile_s:10.1f} {batch * T / med[False][0]:12.0f} {batch * T / med[True][0]:9.0f} "
+              f"{med[False][1] / med[True][1]:9.2f}x {med[False][0] / med[True][0]:10.2f}x")
 
 
 def entropy_memory(args: argparse.Namespace) -> None:

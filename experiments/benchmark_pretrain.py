@@ -9,8 +9,13 @@ Prints, for one model/batch/data configuration (default: the ``small`` CPU recip
 3. achieved model FLOP/s (6 N + 6 n_layer T d per token, forward + backward; N = non-embedding
    parameters) vs a measured fp32 matmul peak on the same thread count (goal >= 0.7).
 
+4. with ``--compile`` (instead of 1-3): the bare loop eager vs ``torch.compile``d (what ``trainer.compile=true``
+   does), interleaved repeats at ``--compile-threads`` threads, tokens/s by process CPU time (what a shared
+   machine cannot inflate by preempting us) and wall clock, and the compile time (warm-up steps' wall time
+   beyond steady steps). Inductor compiles in this process (``compile_threads=1``).
+
 Usage: ``python experiments/benchmark_pretrain.py [pretrain overrides ...] [--steps 30] [--warmup 5]
-[--repeats 2]``. Timing excludes the first ``--warmup`` steps (allocator and kernel warm-up) and all
+[--repeats 2] [--compile]``. Timing excludes the first ``--warmup`` steps (allocator and kernel warm-up) and all
 validation; each setting keeps the best of ``--repeats`` interleaved runs.
 """
 
@@ -71,11 +76,14 @@ def matmul_peak(threads: int, size: int = 1024, repeats: int = 20) -> float:
     return 2 * size**3 / best
 
 
-def bare_loop(cfg: PretrainConfig, vocab: int, tokens, steps: int, warmup: int, threads: int) -> float:
-    """tokens/s of a plain PyTorch training loop (same init, optimizer groups, schedule, clipping, data)."""
+def bare_loop(cfg: PretrainConfig, vocab: int, tokens, steps: int, warmup: int, threads: int,
+              compiled: bool = False) -> tuple[float, float, float]:
+    """A plain PyTorch training loop (same init, optimizer groups, schedule, clipping, data), through
+    ``torch.compile`` when ``compiled``: (tokens/s wall, tokens/s process CPU time, warm-up wall seconds)."""
     torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model, vocab, cfg.train_len)
+    forward = torch.compile(model) if compiled else model
     module = CausalLM(model, cfg.optim, steps)  # only to reuse the exact optimizer parameter groups
     o = cfg.optim
     optimizer = torch.optim.AdamW([g for g in module.param_groups() if g["params"]], lr=o.lr,
@@ -83,17 +91,20 @@ def bare_loop(cfg: PretrainConfig, vocab: int, tokens, steps: int, warmup: int, 
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: warmup_cosine(s, o.warmup_steps, steps, o.min_lr_ratio))
     model.train()
+    begin = time.perf_counter()
     for step in range(steps):
         if step == warmup:
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
         batch = sample_batch(tokens, step, cfg.train_len, cfg.batch_size, cfg.seed, 0)
-        loss = lm_loss(model(batch[:, :-1]), batch[:, 1:])
+        loss = lm_loss(forward(batch[:, :-1]), batch[:, 1:])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
         optimizer.step()
         schedule.step()
-    return (steps - warmup) * cfg.batch_size * cfg.train_len / (time.perf_counter() - start)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    tokens_timed = (steps - warmup) * cfg.batch_size * cfg.train_len
+    return tokens_timed / wall, tokens_timed / cpu, start - begin
 
 
 def stage_loop(cfg: PretrainConfig, prepared, steps: int, warmup: int, threads: int, devices: int = 1) -> float:
@@ -126,12 +137,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2, help="runs per setting; the best is kept")
+    parser.add_argument("--compile", action="store_true", help="compare eager and compiled loops only")
+    parser.add_argument("--compile-threads", type=int, default=1,
+                        help="intra-op threads of the compile comparison (1: one DDP process's share of 2 cores)")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg = load_config(PretrainConfig, args.config, args.overrides)
     prepared = prepare(cfg.data)
     tokens = prepared.tokens("train")
     vocab = prepared.tokenizer.vocab_size
+    if args.compile:
+        compile_comparison(cfg, vocab, tokens, args)
+        return
     flops = model_flops_per_token(GPT(cfg.model, vocab, cfg.train_len), cfg.train_len)
 
     # Each setting runs --repeats times, interleaved with the others, and keeps its best: a busy moment on a
@@ -140,7 +157,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for threads in (1, 2):
             for name, measure in ((f"bare loop, {threads} thread(s)",
-                                   lambda t=threads: bare_loop(cfg, vocab, tokens, args.steps, args.warmup, t)),
+                                   lambda t=threads: bare_loop(cfg, vocab, tokens, args.steps, args.warmup, t)[0]),
                                   (f"stage, {threads} thread(s)",
                                    lambda t=threads: stage_loop(cfg, prepared, args.steps, args.warmup, t))):
                 rows[name] = max(rows.get(name, 0.0), measure())
@@ -159,6 +176,38 @@ def main() -> None:
     for threads in (1, 2):
         ratio = rows[f"stage, {threads} thread(s)"] / rows[f"bare loop, {threads} thread(s)"]
         print(f"stage / bare loop at {threads} thread(s): {ratio:.3f} (goal >= 0.95)")
+
+
+def compile_comparison(cfg: PretrainConfig, vocab: int, tokens, args: argparse.Namespace) -> None:
+    """Part 4: eager vs compiled bare loop, interleaved; medians of ``--repeats`` runs each."""
+    import statistics
+
+    from torch._inductor import config as inductor_config
+
+    inductor_config.compile_threads = 1
+    load = os.getloadavg()[0]
+    runs: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
+    for _ in range(args.repeats):
+        for compiled in (False, True):
+            runs[compiled].append(bare_loop(cfg, vocab, tokens, args.steps, args.warmup, args.compile_threads,
+                                            compiled))
+    wall, cpu = ({c: statistics.median(r[i] for r in runs[c]) for c in runs} for i in (0, 1))
+    # Compile time: the first compiled run's warm-up beyond what its steps take at the steady rate (later
+    # runs reuse Inductor's caches). Eager warm-up is subtracted the same way.
+    step_tokens = cfg.batch_size * cfg.train_len
+    compile_s = runs[True][0][2] - args.warmup * step_tokens / wall[True]
+    print(f"\nmodel: {cfg.model.n_layer} layers x {cfg.model.n_embd}, T={cfg.train_len}, batch={cfg.batch_size}, "
+          f"vocab={vocab}, {args.compile_threads} thread(s); torch {torch.__version__}, {os.cpu_count()} CPUs, "
+          f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}" + (" (shared machine)" if load > 1 else ""))
+    for compiled in (False, True):
+        print(f"  {'compiled' if compiled else 'eager':8s} tokens/s {wall[compiled]:7.0f} wall, {cpu[compiled]:7.0f} "
+              f"CPU time (median of {args.repeats})")
+    speedup = cpu[True] / cpu[False]
+    print(f"compiled/eager speed-up: {speedup:.3f} CPU time, {wall[True] / wall[False]:.3f} wall; compile time "
+          f"{compile_s:.0f} s wall")
+    steps = cfg.trainer.max_steps
+    run_eager = steps * step_tokens / cpu[False]
+    print(f"amortized over this recipe's {steps} steps: {run_eager / (steps * step_tokens / cpu[True] + compile_s):.3f}")
 
 
 if __name__ == "__main__":

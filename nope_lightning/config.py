@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 POS_ENCODINGS = ("nope", "rope", "alibi", "learned", "sinusoidal", "t5")
 ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "yarn_paper")
 ATTENTION_BACKENDS = ("sdpa", "flash")
-STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp")
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "fsdp2")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
 
@@ -200,6 +200,11 @@ class TrainerConfig:
 
     ``threads=0`` picks the measured best intra-op thread count for this host (see README: on 2 cores
     one thread per process beats two). ``val_every_n_steps=0`` validates once, at the end.
+
+    ``strategy``: ``fsdp`` is Lightning's FSDP1 (CUDA only); ``fsdp2`` is ``torch.distributed.fsdp.fully_shard``
+    (``run.FSDP2Strategy``: CUDA or CPU/gloo, frozen weights get no gradient, ``32-true`` or ``bf16-mixed``).
+    ``activation_checkpointing`` recomputes each transformer block's activations in the backward pass under
+    both FSDP strategies (memory for compute; the other strategies ignore it).
     """
 
     max_steps: int = 700
@@ -216,6 +221,7 @@ class TrainerConfig:
     accumulate_grad_batches: int = 1
     compile: bool = False
     progress_bar: bool = True
+    activation_checkpointing: bool = True
 
     def __post_init__(self) -> None:
         check_choice("trainer.accelerator", self.accelerator, ACCELERATORS)
@@ -250,6 +256,7 @@ class TrackingConfig:
 
 PASSKEY_PROMPTS = ("reference", "compact")
 RETRIEVAL_FILLERS = ("corpus", "reference", "mixed")
+RETRIEVAL_LENGTHS = ("uniform", "full")
 SPLITS = ("val", "test")
 WINDOW_SCORING = ("last_stride", "first_full")
 
@@ -261,18 +268,22 @@ class RetrievalConfig:
     ``fraction`` of the training windows (expected share, in [0, 1)) become a passkey prompt whose haystack
     is corpus text (``filler=corpus``), the reference passkey filler (``reference``) or either (``mixed``),
     followed by the key; ``prompt`` is the passkey prompt form (``compact`` drops the task line so the prompt
-    fits short windows) and should match evaluate's ``passkey_prompt``.
+    fits short windows) and should match evaluate's ``passkey_prompt``. ``length``: ``uniform`` draws the
+    prompt's length uniformly up to the window (the rest is corpus text), ``full`` makes every prompt fill the
+    window, so the key-to-question distance is uniform over the whole of ``train_len``.
     """
 
     fraction: float = 0.0
     prompt: str = "compact"
     filler: str = "mixed"
+    length: str = "uniform"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fraction < 1.0:
             raise ValueError(f"retrieval.fraction={self.fraction} is out of range: it must be in [0, 1)")
         check_choice("retrieval.prompt", self.prompt, PASSKEY_PROMPTS)
         check_choice("retrieval.filler", self.filler, RETRIEVAL_FILLERS)
+        check_choice("retrieval.length", self.length, RETRIEVAL_LENGTHS)
 
 
 def small_recipe_trainer() -> TrainerConfig:
@@ -289,7 +300,8 @@ class PretrainConfig:
     The defaults are the ``small`` recipe, measured to show paper 001's effects on a 2-core CPU in ~10
     minutes: a 4 x 128 model on the KJV at ``train_len`` 128, AdamW at a constant 2e-3 after 100 warm-up
     steps (a cosine decay trains a model that does not break past L at this budget), 5.6 M tokens over 2
-    DDP processes, and 40 % retrieval sequences (``retrieval``) so passkey accuracy exists inside L.
+    DDP processes, and 40 % retrieval sequences filling the whole window (``retrieval``) so passkey
+    accuracy exists inside L.
     ``batch_size`` is per process. ``out_dir`` empty means ``mlruns/checkpoints/pretrain/<run name>``; with
     ``resume=true`` a run restarted with the same ``out_dir`` continues from its last checkpoint.
     """
@@ -299,7 +311,7 @@ class PretrainConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(min_lr_ratio=1.0))
     trainer: TrainerConfig = field(default_factory=small_recipe_trainer)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    retrieval: RetrievalConfig = field(default_factory=lambda: RetrievalConfig(fraction=0.4))
+    retrieval: RetrievalConfig = field(default_factory=lambda: RetrievalConfig(fraction=0.4, length="full"))
     train_len: int = 128
     batch_size: int = 8
     seed: int = 1234
@@ -501,7 +513,10 @@ class ScaleSearchConfig:
     ``grid`` if given, else ``grid_min..grid_max`` in steps of ``grid_step``: 0.8-2.5 by 0.05, i.e. the
     paper's 1.0-2.5 reaching below 1 so that an optimum at 1.0 is not an artefact of the grid's edge. The
     grid must contain 1.0 (the default temperature, HeadScale's "w/o init" start). ``storage`` empty means ``sqlite:///mlruns/optuna.db``; ``study_name`` empty derives
-    one from the checkpoint and settings, so a killed search resumes where it stopped.
+    one from the checkpoint and settings, so a killed search resumes where it stopped. The per-position
+    curves behind the fit ``lambda = 1 + a ln s`` come from ``position_windows`` non-overlapping windows of the
+    longest target (fewer if the split is shorter): each bucket's optimum is a noisy argmin, so the fit needs
+    far more windows than a plot does.
     """
 
     checkpoint: str = ""
@@ -517,6 +532,7 @@ class ScaleSearchConfig:
     stride: int = 0
     ppl_tokens: int = 16384
     batch_size: int = 4
+    position_windows: int = 32
     position_buckets: int = 32
     seed: int = 1234
     name: str = ""
@@ -543,7 +559,7 @@ class ScaleSearchConfig:
                              f"grid_min/grid_step with 1.0")
         for key in ("num_trials", "stride"):
             check_range(key, getattr(self, key), 0)
-        for key in ("ppl_tokens", "batch_size", "position_buckets"):
+        for key in ("ppl_tokens", "batch_size", "position_windows", "position_buckets"):
             check_range(key, getattr(self, key), 1)
 
     @property
@@ -672,7 +688,8 @@ class PipelineConfig:
 
     ``common`` overrides go to every step whose config has that key (e.g. ``trainer.progress_bar=false``).
     A step whose resolved config matches a finished step of the same pipeline run is skipped; a killed
-    pipeline resumes where it stopped. ``report`` runs the report stage at the end.
+    pipeline resumes where it stopped. ``report`` runs the report stage at the end. ``dry_run`` runs nothing:
+    it resolves and checks every step and prints the plan (``nope_lightning/plan.py``).
     """
 
     name: str = ""
@@ -680,6 +697,7 @@ class PipelineConfig:
     common: list[str] = field(default_factory=list)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     report: bool = True
+    dry_run: bool = False
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -111,18 +111,30 @@ def _uses_gpu(cfg: TrainerConfig) -> bool:
     return cfg.accelerator in ("gpu", "cuda") or (cfg.accelerator == "auto" and torch.cuda.is_available())
 
 
+#: What FSDP2's ``MixedPrecisionPolicy`` expresses: fp32 throughout, or bf16 compute over fp32 master weights.
+FSDP2_PRECISIONS = ("32-true", "bf16-mixed")
+
+
 def check_strategy(cfg: TrainerConfig) -> None:
     """Fail before any compute on a strategy this machine cannot run."""
     import torch
 
     if cfg.strategy == "fsdp" and not (_uses_gpu(cfg) and torch.cuda.is_available()):
-        raise ValueError("trainer.strategy=fsdp needs CUDA GPUs (FSDP does not run on CPU); "
-                         "on CPU use trainer.strategy=ddp trainer.devices=2")
+        raise ValueError("trainer.strategy=fsdp needs CUDA GPUs (it is Lightning's FSDP1); on CPU use "
+                         "trainer.strategy=fsdp2 (FSDP2 runs on gloo) or ddp, with trainer.devices=2")
+    if cfg.strategy == "fsdp2" and cfg.precision not in FSDP2_PRECISIONS:
+        raise ValueError(f"trainer.strategy=fsdp2 takes trainer.precision={' or '.join(FSDP2_PRECISIONS)} "
+                         f"(bf16-mixed: bf16 compute, fp32 weights and gradient reduction), not {cfg.precision}")
     if cfg.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ValueError(f"trainer.accelerator={cfg.accelerator} but no CUDA GPU is visible; use accelerator=cpu")
 
 
 def _strategy(cfg: TrainerConfig):
+    if cfg.strategy == "fsdp2":
+        from nope_lightning.stages.lm import FSDP2Strategy
+
+        return FSDP2Strategy(cfg.devices * cfg.num_nodes, cfg.activation_checkpointing,
+                             bf16=cfg.precision == "bf16-mixed")
     if cfg.strategy != "fsdp":
         return cfg.strategy
     from lightning.pytorch.strategies import FSDPStrategy
@@ -130,8 +142,15 @@ def _strategy(cfg: TrainerConfig):
     from nope_lightning.model.attention import Block
 
     # One FSDP unit per transformer block; orig params so frozen (HeadScale) and trainable tensors mix.
-    return FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block},
+    return FSDPStrategy(auto_wrap_policy={Block},
+                        activation_checkpointing_policy={Block} if cfg.activation_checkpointing else None,
                         state_dict_type="full", use_orig_params=True, sharding_strategy="FULL_SHARD")
+
+
+def _precision(cfg: TrainerConfig) -> str:
+    # Under fsdp2, bf16-mixed is FSDP2's MixedPrecisionPolicy (FSDP2Strategy.shard), not Lightning's autocast:
+    # parameters are all-gathered in bf16, so every matmul already runs in bf16.
+    return "32-true" if cfg.strategy == "fsdp2" else cfg.precision
 
 
 def build_trainer(cfg: TrainerConfig, *, logger: Any = None, callbacks: list | None = None,
@@ -156,7 +175,7 @@ def build_trainer(cfg: TrainerConfig, *, logger: Any = None, callbacks: list | N
         devices=cfg.devices,
         num_nodes=cfg.num_nodes,
         strategy=_strategy(cfg),
-        precision=cfg.precision,
+        precision=_precision(cfg),
         max_steps=steps,
         max_epochs=-1,
         val_check_interval=val_every,

@@ -69,6 +69,36 @@ def test_reference_and_mixed_fillers(prepared):
         RetrievalMix(tok, 0.5, SEQ, "compact", filler="web")
 
 
+def test_full_length_prompts_fill_the_window_and_spread_the_key_over_it(prepared):
+    tok, tokens = prepared.tokenizer, np.asarray(prepared.tokens("train"))
+    uniform = RetrievalMix(tok, 0.5, SEQ, "compact", filler="corpus")
+    full = RetrievalMix(tok, 0.5, SEQ, "compact", filler="corpus", length="full")
+    info = PasskeyPromptBuilder(tok, [tok.bos_id], "compact").info_before
+
+    def distances(mix, seed):
+        """Tokens from the info line's start to the answer, and where the prompt's BOS sits."""
+        rng, out = np.random.default_rng(seed), []
+        for _ in range(300):
+            ids, answer_start, _ = mix.sequence(tokens, rng)
+            bos = int(np.flatnonzero(ids == tok.bos_id)[-1])
+            at = next(j for j in range(bos, answer_start) if ids[j:j + len(info)].tolist() == info)
+            out.append((answer_start - at, bos))
+        return np.asarray(out)
+
+    full_d, uniform_d = distances(full, 0), distances(uniform, 0)
+    assert (full_d[:, 1] == 0).all()  # no corpus lead-in: the prompt starts the window
+    assert (uniform_d[:, 1] > 0).mean() > 0.9
+    # key-to-answer distance uniform over its range (fixed prompt parts + 0..all of the haystack): the far
+    # quarter holds ~1/4 of full prompts, and is several times rarer with uniform lengths (where the haystack
+    # length and the depth are both uniform)
+    lo, hi = full_d[:, 0].min(), full_d[:, 0].max()
+    far = lo + 0.75 * (hi - lo)
+    assert 0.15 < (full_d[:, 0] > far).mean() < 0.35
+    assert (uniform_d[:, 0] > far).mean() < 0.5 * (full_d[:, 0] > far).mean()
+    with pytest.raises(ValueError, match="retrieval.length='half'"):
+        RetrievalMix(tok, 0.5, SEQ, length="half")
+
+
 def test_the_fraction_is_honoured_and_other_windows_are_unchanged(prepared):
     tokens = np.asarray(prepared.tokens("train"))
     tok = prepared.tokenizer

@@ -16,10 +16,13 @@ i.e. a passkey prompt (``PasskeyPromptBuilder``, the evaluation's own prompt pie
 the reference's repeated filler sentences; ``mixed``, either with probability 1/2; followed by the key's
 tokens and a full stop, so the answer tokens are ordinary next-token
 targets. The full stop teaches the model where an answer ends: without it the key closes the window, the
-model never sees what follows a key, and greedy decoding runs on into more digits. The
-prompt's length is uniform between the shortest that holds ``MIN_HAYSTACK`` filler tokens and the whole
-window; the rest of the window before it is corpus text closed by EOS (as a packed document boundary
-would be). The info line's depth is uniform in [0, 1]; keys are uniform 5-digit numbers, as in evaluation.
+model never sees what follows a key, and greedy decoding runs on into more digits. With ``length=uniform``
+the prompt's length is uniform between the shortest that holds ``MIN_HAYSTACK`` filler tokens and the whole
+window, and the rest of the window before it is corpus text closed by EOS (as a packed document boundary
+would be); the key-to-question distance is then a product of two uniforms, so keys near the start of a
+full-length prompt (the evaluation's depth 0 at ``train_len``) are rare. ``length=full`` makes every prompt
+fill the window, so that distance is uniform over all of ``train_len``. The info line's depth is uniform in
+[0, 1]; keys are uniform 5-digit numbers, as in evaluation.
 
 Why ``mixed`` is the small recipe's choice (measured, 4 x 128 NoPE, 2,750 steps, 40 % retrieval): trained on
 corpus filler only, the model copies the key from corpus filler (97 % of keys exact, teacher-forced, at
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nope_lightning.config import RETRIEVAL_FILLERS
+from nope_lightning.config import RETRIEVAL_FILLERS, RETRIEVAL_LENGTHS
 from nope_lightning.eval.passkey import PasskeyPromptBuilder
 
 #: Fewest haystack tokens a retrieval sequence holds (else the "retrieval" is a copy from a few tokens back).
@@ -48,13 +51,15 @@ class RetrievalMix:
     """
 
     def __init__(self, tokenizer, fraction: float, seq_len: int, prompt: str = "compact",
-                 filler: str = "mixed") -> None:
+                 filler: str = "mixed", length: str = "uniform") -> None:
         if not 0.0 <= fraction < 1.0:
             raise ValueError(f"retrieval.fraction={fraction} must be in [0, 1): the share of training windows "
                              f"replaced by passkey sequences")
         if filler not in RETRIEVAL_FILLERS:
             raise ValueError(f"retrieval.filler={filler!r}: pick one of {', '.join(RETRIEVAL_FILLERS)}")
-        self.fraction, self.width, self.filler = fraction, seq_len + 1, filler
+        if length not in RETRIEVAL_LENGTHS:
+            raise ValueError(f"retrieval.length={length!r}: pick one of {', '.join(RETRIEVAL_LENGTHS)}")
+        self.fraction, self.width, self.filler, self.length = fraction, seq_len + 1, filler, length
         self.builder = PasskeyPromptBuilder(tokenizer, [tokenizer.bos_id], prompt)
         self.eos = tokenizer.eos_id
         self.stop = tokenizer.encode(".")
@@ -78,7 +83,8 @@ class RetrievalMix:
         ``answer_start - 1 ...``."""
         key = str(rng.integers(*KEY_RANGE))
         key_ids = [*self.builder.key_ids(key), *self.stop]
-        prompt_len = int(rng.integers(self.shortest, self.width - len(key_ids) + 1))
+        longest = self.width - len(key_ids)
+        prompt_len = longest if self.length == "full" else int(rng.integers(self.shortest, longest + 1))
         budget = self.builder.haystack_budget(key, prompt_len)
         depth = float(rng.random())
         reference = self.filler == "reference" or (self.filler == "mixed" and rng.random() < 0.5)

@@ -104,28 +104,32 @@ class Attention(LitAttention):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None,
                 input_pos: torch.Tensor | None = None, input_pos_maxp1: int | None = None) -> torch.Tensor:
-        """x (B, T, C) -> (B, T, C). Without ``input_pos``: litgpt's full causal attention (no cache).
+        """x (B, T, C) -> (B, T, C). Without ``input_pos``: full causal attention over x (no cache); cos/sin are
+        the (1, T, d) RoPE tables (or (1, T, 0) empties) and ``mask`` the additive (1, H, T, T) bias or None.
 
         With ``input_pos`` (B, T), the positions of x's tokens, and ``self.cache`` attached: cos/sin are the
         (1, S, d) tables of positions 0..S-1 and ``mask`` is the additive (B, 1|H, T, S) mask over the
         cache, or None when T == S (a prefill from position 0: plain causal attention, as without a cache).
+
+        litgpt's own forward is not used: it concatenates the rotated and unrotated channels of q and k
+        (a copy of each, and two zero-filled gradients in the backward) even when nothing rotates (NoPE).
         """
-        if input_pos is None:
-            return super().forward(x, cos, sin, mask)
-        if self.cache is None:
+        if input_pos is not None and self.cache is None:
             raise RuntimeError("input_pos needs a KV cache: decode inside `with model.kv_cache(...)`")
         B, T, _ = x.shape
-        cfg, S = self.config, cos.size(1)
+        cfg = self.config
         kv_size = cfg.n_query_groups * cfg.head_size
         q, k, v = self.qkv(x).split((cfg.n_head * cfg.head_size, kv_size, kv_size), dim=-1)
         q = q.view(B, T, cfg.n_head, cfg.head_size).transpose(1, 2)
         k = k.view(B, T, cfg.n_query_groups, cfg.head_size).transpose(1, 2)
         v = v.view(B, T, cfg.n_query_groups, cfg.head_size).transpose(1, 2)
         if cfg.rope_n_elem:  # our models rotate all channels or none
-            cos_q, sin_q = cos[0][input_pos], sin[0][input_pos]  # (B, T, d)
+            cos_q, sin_q = (cos, sin) if input_pos is None else (cos[0][input_pos], sin[0][input_pos])
             q, k = apply_rope(q, cos_q, sin_q), apply_rope(k, cos_q, sin_q)
-        self.cache.write(input_pos, k, v)
-        k, v = self.cache.k[:, :, :S], self.cache.v[:, :, :S]
+        if input_pos is not None:
+            S = cos.size(1)
+            self.cache.write(input_pos, k, v)
+            k, v = self.cache.k[:, :, :S], self.cache.v[:, :, :S]
         if cfg.n_query_groups != cfg.n_head:
             k = k.repeat_interleave(cfg.n_head // cfg.n_query_groups, dim=1)
             v = v.repeat_interleave(cfg.n_head // cfg.n_query_groups, dim=1)

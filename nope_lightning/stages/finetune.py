@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from nope_lightning import tracking
 from nope_lightning.checkpoint import CONFIG, LoadedModel, export_model, load_model, resolve_reference
 from nope_lightning.config import FinetuneConfig, PretrainConfig, RopeScalingConfig, load_config
-from nope_lightning.model import GPT
 from nope_lightning.stages.lm import (
     check_resumable,
     check_target_len,
@@ -33,7 +32,7 @@ from nope_lightning.stages.lm import (
     out_dir_lock,
     record_run,
     resumed_run_id,
-    trained_state,
+    trained_model,
 )
 
 #: Sections that must match for a run to continue from the checkpoint in its out_dir.
@@ -117,13 +116,9 @@ def train(cfg: FinetuneConfig, loaded: LoadedModel, prepared: PreparedData, base
             tracking.log_metrics(cfg.tracking, logger.run_id, {"finetune/tokens": tokens, "finetune/steps": steps,
                                                                 "finetune/rope_factor": scaling.factor})
     trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
-    state = trained_state(trainer)
+    model = trained_model(trainer, loaded.model)
     if not trainer.is_global_zero:
         return {}
-
-    # A fresh model from the gathered state: under FSDP the trained one is sharded across ranks.
-    model = GPT(loaded.model.cfg, loaded.meta["vocab_size"], base.train_len)
-    model.load_state_dict(state, strict=True)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     meta = {"step": trainer.global_step, "data_key": prepared.key, "run_id": logger.run_id, "metrics": metrics,
             "finetune": {"base_checkpoint": cfg.checkpoint, "base_fingerprint": loaded.fingerprint,

@@ -60,6 +60,7 @@ from nope_lightning.stages.lm import (
     check_target_len,
     check_tokenizer,
     checkpoint_callback,
+    local_shard,
     out_dir_lock,
     record_run,
     resumed_run_id,
@@ -126,7 +127,7 @@ class HeadScaleLM(CausalLM):
     def lambda_stats(self) -> dict[str, torch.Tensor]:
         """Mean, min and max lambda over all heads. Reduced over ranks, so it is right when FSDP shards the
         table (each rank holds a slice, possibly empty) and unchanged when every rank holds all of it."""
-        local = torch.cat([p.detach().float().flatten() for p in self.trainable_parameters().values()])
+        local = torch.cat([local_shard(p).detach().float().flatten() for p in self.trainable_parameters().values()])
         inf = local.new_tensor([math.inf])
         stats = torch.stack([local.sum(), local.new_tensor(float(local.numel())),
                              torch.cat([local, inf]).min(), torch.cat([local, -inf]).max()])

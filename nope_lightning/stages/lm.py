@@ -3,6 +3,8 @@
 Subclasses override one hook: ``trainable_parameters`` (what the optimizer sees) and, if needed,
 ``param_groups``. Batches are (B, T+1) token windows: inputs ``[:, :-1]``, targets ``[:, 1:]``.
 Logged: ``train/loss`` (nats/token), ``train/lr``, ``val/len{T}/loss`` and ``val/len{T}/ppl``.
+Under ``trainer.strategy=fsdp2`` the model is sharded by ``FSDP2Strategy`` (defined here, beside the module it
+shards, so that importing ``run`` stays free of Lightning).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from nope_lightning import tracking
 from nope_lightning.config import OptimConfig, PretrainConfig, flatten, load_config, to_dict, to_yaml
@@ -62,6 +67,23 @@ def trained_state(trainer) -> dict[str, torch.Tensor]:
     if not trainer.is_global_zero:
         return {}
     return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+
+
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``tensor``: its local shard under fsdp2 (a DTensor), the tensor itself otherwise."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def trained_model(trainer, model: GPT) -> GPT | None:
+    """The trained ``model`` as a plain, unsharded GPT on global rank 0 (what an export saves), None elsewhere.
+    Every rank must call it. Under FSDP ``model`` itself holds only this rank's shards, so rank 0 builds a
+    fresh GPT of the same architecture and loads the gathered full state into it."""
+    state = trained_state(trainer)
+    if not trainer.is_global_zero:
+        return None
+    plain = GPT(model.cfg, model.config.vocab_size, model.train_len)
+    plain.load_state_dict(state, strict=True)
+    return plain
 
 
 # --- training into an out_dir that a rerun resumes (pretrain, finetune, headscale) ---------------------
@@ -159,6 +181,10 @@ class CausalLM(LightningModule):
         self.compile = compile
 
     def configure_model(self) -> None:
+        """Shard the model under fsdp2 (once: Lightning calls this hook again for a ``validate`` after ``fit``),
+        then compile it when ``compile`` is on."""
+        if isinstance(self.trainer.strategy, FSDP2Strategy) and not isinstance(self.model, FSDPModule):
+            self.trainer.strategy.shard(self.model)
         if self.compile and "_compiled" not in self.__dict__:
             # Kept outside the module tree: the compiled wrapper shares the weights, and the state-dict keys
             # (checkpoints, exports) stay those of the plain model.
@@ -169,7 +195,8 @@ class CausalLM(LightningModule):
         return self.__dict__.get("_compiled", self.model)(idx)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Norm clipping; under FSDP the sharded module clips (Lightning refuses its generic path there)."""
+        """Norm clipping. Under FSDP1 the sharded module clips (Lightning refuses its generic path there); under
+        FSDP2 the gradients are DTensors, whose norm torch's ``clip_grad_norm_`` reduces over the shards."""
         if not gradient_clip_val:
             return
         from lightning.pytorch.strategies import FSDPStrategy
@@ -212,3 +239,38 @@ class CausalLM(LightningModule):
         for key, value in list(self.trainer.callback_metrics.items()):
             if key.startswith("val/") and key.endswith("/loss"):
                 self.log(key.removesuffix("loss") + "ppl", torch.exp(value), sync_dist=True)
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``) through Lightning's ``ModelParallelStrategy``.
+
+    All ``world_size`` ranks form one data-parallel mesh (no tensor parallelism). ``CausalLM.configure_model``
+    calls ``shard``: one FSDP unit per transformer ``Block``, then the GPT root (embedding, final norm, head).
+    Each parameter becomes a DTensor sharded on dim 0 that keeps its ``requires_grad``, so frozen weights
+    (HeadScale) get no gradient at all, unlike FSDP1's flat parameters. Checkpoints are full state dicts
+    gathered on rank 0: the plain model's keys, in one file. ``bf16``: bf16 compute copies of the fp32
+    weights, gradients reduced in fp32 (FSDP2's ``MixedPrecisionPolicy``).
+    """
+
+    def __init__(self, world_size: int, activation_checkpointing: bool, bf16: bool) -> None:
+        super().__init__(data_parallel_size=world_size, tensor_parallel_size=1, save_distributed_checkpoint=False)
+        self.activation_checkpointing = activation_checkpointing
+        self.policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+                       else MixedPrecisionPolicy())
+
+    def setup(self, trainer) -> None:
+        if not isinstance(self.lightning_module, CausalLM):  # Lightning's own error would blame the module
+            raise ValueError(f"trainer.strategy=fsdp2 shards the training stages' models, not a "
+                             f"{type(self.lightning_module).__name__}; use trainer.strategy=ddp here")
+        super().setup(trainer)
+
+    def shard(self, model: GPT) -> None:
+        """Shard ``model`` in place over the data-parallel mesh."""
+        from torch.distributed._composable import checkpoint
+
+        mesh = self.device_mesh["data_parallel"]
+        for block in model.transformer.h:
+            if self.activation_checkpointing:
+                checkpoint(block)  # hooks, not a wrapper module: parameter names stay the plain model's
+            fully_shard(block, mesh=mesh, mp_policy=self.policy)
+        fully_shard(model, mesh=mesh, mp_policy=self.policy)

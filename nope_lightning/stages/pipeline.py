@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from nope_lightning import tracking
-from nope_lightning.config import PipelineConfig, PipelineStep, flatten, to_yaml
+from nope_lightning.config import PipelineConfig, PipelineStep, flatten, to_dict, to_yaml
 
 REFERENCE = re.compile(r"@\{([\w-]+)\.([\w/.-]+)\}")
 
@@ -82,6 +82,15 @@ def config_hash(cfg: Any) -> str:
     return hashlib.sha256(to_yaml(cfg).encode()).hexdigest()[:16]
 
 
+def pipeline_hash(cfg: PipelineConfig) -> str:
+    """``config_hash`` of the pipeline less ``dry_run`` (which never reaches a run), so a pipeline started
+    before that field existed still finds its parent run to resume."""
+    from omegaconf import OmegaConf
+
+    fields = {k: v for k, v in to_dict(cfg).items() if k != "dry_run"}
+    return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(fields)).encode()).hexdigest()[:16]
+
+
 def find_parent(cfg: PipelineConfig, pipeline_hash: str) -> str | None:
     """The newest parent run of this exact pipeline config, to resume; None if there is none."""
     client = tracking.client(cfg.tracking)
@@ -104,13 +113,17 @@ def finished_steps(cfg: PipelineConfig, parent: str) -> dict[str, dict]:
 def run(cfg: PipelineConfig) -> dict[str, Any]:
     from nope_lightning.run import get_stage, run_stage
 
+    if cfg.dry_run:
+        from nope_lightning.plan import plan
+
+        return plan(cfg)
     for step in cfg.steps:
         get_stage(step.stage)  # unknown stage names fail before anything runs
-    pipeline_hash = config_hash(cfg)
-    parent = find_parent(cfg, pipeline_hash)
+    run_hash = pipeline_hash(cfg)
+    parent = find_parent(cfg, run_hash)
     if parent is None:
         parent = tracking.create_run(cfg.tracking, "pipeline", cfg.name, cfg)
-        tracking.client(cfg.tracking).set_tag(parent, "pipeline_hash", pipeline_hash)
+        tracking.client(cfg.tracking).set_tag(parent, "pipeline_hash", run_hash)
     else:
         tracking.claim_run(cfg.tracking, parent)
     done = finished_steps(cfg, parent)

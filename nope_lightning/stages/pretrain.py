@@ -21,6 +21,7 @@ from nope_lightning.stages.lm import (
     out_dir_lock,
     record_run,
     resumed_run_id,
+    trained_model,
 )
 
 #: Sections that must match for a run to continue from a checkpoint (max_steps may grow, tracking may move).
@@ -65,7 +66,7 @@ def train(cfg: PretrainConfig, out: Path) -> dict[str, Any]:
     model = GPT(cfg.model, prepared.tokenizer.vocab_size, cfg.train_len)
     module = CausalLM(model, cfg.optim, cfg.trainer.max_steps, cfg.trainer.compile)
     mix = (RetrievalMix(prepared.tokenizer, cfg.retrieval.fraction, cfg.train_len, cfg.retrieval.prompt,
-                        cfg.retrieval.filler) if cfg.retrieval.fraction else None)
+                        cfg.retrieval.filler, cfg.retrieval.length) if cfg.retrieval.fraction else None)
     data = PackedDataModule(prepared, cfg.train_len, cfg.batch_size, cfg.seed, cfg.trainer.val_batches,
                             cfg.data.num_workers, mix)
 
@@ -79,12 +80,13 @@ def train(cfg: PretrainConfig, out: Path) -> dict[str, Any]:
     checkpoints = checkpoint_callback(out, cfg.trainer.checkpoint_every_n_steps, cfg.trainer.max_steps)
     trainer = build_trainer(cfg.trainer, logger=logger, callbacks=[checkpoints], grad_clip=cfg.optim.grad_clip)
     trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
+    trained = trained_model(trainer, model)  # every rank: under FSDP the shards are gathered here
 
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     result = {"run_id": logger.run_id if trainer.is_global_zero else None, "out_dir": str(out),
               "step": trainer.global_step, "world_size": trainer.world_size, **metrics}
     if trainer.is_global_zero:
-        export = export_model(out / "model", model, dataclasses.replace(cfg, name=name),
+        export = export_model(out / "model", trained, dataclasses.replace(cfg, name=name),
                               prepared.root / "tokenizer.json",
                               {"step": trainer.global_step, "data_key": prepared.key,
                                "run_id": logger.run_id, "metrics": metrics})

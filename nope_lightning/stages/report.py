@@ -174,7 +174,8 @@ def search_section(method: str, summary: dict) -> str:
 def recipe_section(pretrains: list) -> str:
     """Which pre-training recipe produced the models: every figure above depends on it."""
     keys = ("model.pos_encoding", "data.corpus", "train_len", "batch_size", "trainer.devices", "trainer.max_steps",
-            "optim.lr", "optim.min_lr_ratio", "retrieval.fraction", "retrieval.prompt", "retrieval.filler")
+            "optim.lr", "optim.min_lr_ratio", "retrieval.fraction", "retrieval.prompt", "retrieval.filler",
+            "retrieval.length")
     rows = [[run.info.run_name, *[run.data.params.get(k, "") for k in keys]] for run in pretrains]
     if not rows:
         return ""

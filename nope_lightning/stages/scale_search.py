@@ -34,7 +34,7 @@ def trial_config(cfg: ScaleSearchConfig, lam: float, parent_run_id: str, number:
         tracking=dataclasses.replace(cfg.tracking, parent_run_id=parent_run_id, run_name=""),
         trainer=cfg.trainer, split="val", eval_lengths=list(cfg.target_lengths), stride=cfg.stride,
         ppl_tokens=cfg.ppl_tokens,
-        batch_size=cfg.batch_size, position_windows=8, position_buckets=cfg.position_buckets, entropy_windows=0,
+        batch_size=cfg.batch_size, position_windows=cfg.position_windows, position_buckets=cfg.position_buckets, entropy_windows=0,
         passkey_keys=0, longctx_samples=0, seed=cfg.seed, plots=False, name=f"scale-search-trial{number}-lam{lam:g}")
 
 

@@ -1,0 +1,312 @@
+"""The dry run of an experiment file (``nope-lightning run pipeline <file> dry_run=true``).
+
+Every step's config is resolved exactly as the real run resolves it (``pipeline.step_config``), with
+placeholders standing for the results of the steps before it: ``dry-run-<step id>`` for a run id (so
+``runs:/dry-run-pretrain_nope/model`` says which step trains that model), ``1`` / ``1.0`` for counts and
+metrics (a ``best_lambda`` of 1.0 is a valid temperature), ``dry-run/<step id>/<key>`` for paths. Then
+references, lengths and token budgets are checked against what the steps will produce. Nothing is computed:
+no model is built, no data is prepared (a preparation already in the cache is read), no MLflow run is created.
+
+The result is the plan (steps in order: stage, label, model, lengths, training tokens, problems); any
+problem raises one ``ValueError`` with one line per problem, each naming its step.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from nope_lightning.config import DataConfig, PipelineConfig, PipelineStep, PretrainConfig, TrainerConfig
+from nope_lightning.stages.pipeline import REFERENCE, step_config
+
+PARENT = "dry-run-parent"  # the parent run id the step configs are nested under (no run is created)
+
+#: Answer budget (generated tokens) of each long-context task, as ``eval/longctx.py`` builds its samples
+#: (variable_tracking: 8 x (4 hops + 1)); the prompt also gets a BOS token in front.
+LONGCTX_NEW_TOKENS = {"multikey_retrieval": 10, "variable_tracking": 40, "passage_retrieval": 32,
+                      "passage_count": 32}
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model a step of this file trains: the step, and its pre-training config (architecture, train_len,
+    data; a fine-tune keeps its base's)."""
+
+    step: str
+    cfg: PretrainConfig
+
+
+class Placeholders(dict):
+    """Stand-ins for the results of a step not run yet: ``{key: value}`` for every key its stage returns.
+    ``open`` (keys not knowable before it runs, or a step whose config failed) takes any key, so a later
+    step is not blamed for an earlier one's problem."""
+
+    def __init__(self, step: str, keys: dict[str, type] | None):
+        super().__init__({key: placeholder(step, key, kind) for key, kind in (keys or {}).items()})
+        self.step, self.open = step, keys is None
+
+    def __contains__(self, key: object) -> bool:
+        return self.open or super().__contains__(key)
+
+    def __missing__(self, key: str) -> Any:
+        if not self.open:
+            raise KeyError(key)
+        return placeholder(self.step, key, str if key == "run_id" else float)
+
+
+def placeholder(step: str, key: str, kind: type) -> Any:
+    if kind is not str:
+        return kind(1)
+    return f"dry-run-{step}" if key == "run_id" else f"dry-run/{step}/{key}"
+
+
+def plan(cfg: PipelineConfig) -> dict[str, Any]:
+    """The dry run: the plan of ``cfg`` as a JSON-able dict; ``ValueError`` listing every problem, one a line."""
+    from nope_lightning.stages.pipeline import _progress
+
+    order = [step.id for step in cfg.steps]
+    results: dict[str, dict] = {}
+    models: dict[str, Model] = {}  # run id placeholder -> the model that run exports
+    steps = []
+    for number, step in enumerate(cfg.steps, 1):
+        entry = plan_step(step, cfg, order, results, models)
+        steps.append(entry)
+        status = "; ".join(entry["problems"]) or "ok"
+        _progress(f"[{number}/{len(cfg.steps)}] {step.stage} {step.id}: dry run: {status}")
+    problems = [f"step {s['id']}: {p}" for s in steps for p in s["problems"]]
+    if problems:
+        raise ValueError(f"dry run of pipeline {cfg.name!r}: {len(problems)} problem(s):\n" + "\n".join(problems))
+    return {"name": cfg.name, "dry_run": True, "steps": steps, "report": cfg.report,
+            "training_tokens": sum(s["training_tokens"] for s in steps), "problems": []}
+
+
+def plan_step(step: PipelineStep, cfg: PipelineConfig, order: list[str], results: dict[str, dict],
+              models: dict[str, Model]) -> dict[str, Any]:
+    """One step's plan entry; records its placeholder results (and the model it trains) for the later steps."""
+    entry: dict[str, Any] = {"id": step.id, "stage": step.stage, "label": step.label, "model": None,
+                             "lengths": {}, "training_tokens": 0, "data": None, "notes": [], "problems": []}
+    entry["problems"] = reference_problems(step, order)
+    if not entry["problems"]:
+        try:
+            stage_cfg = step_config(step, cfg, results, PARENT)
+        except (ValueError, FileNotFoundError) as err:
+            entry["problems"].append(str(err).splitlines()[0])
+    if entry["problems"]:
+        results[step.id] = Placeholders(step.id, None)
+        return entry
+    checkpoint = stage_cfg.base.checkpoint if step.stage == "headscale-search" else getattr(stage_cfg, "checkpoint", "")
+    model = Model(step.id, stage_cfg) if step.stage == "pretrain" else models.get(run_id_of(checkpoint))
+    if model is not None:
+        size = f"{model.cfg.model.n_layer} layers x {model.cfg.model.n_embd}, {model.cfg.model.n_head} heads"
+        entry["model"] = {"from": model.step, "pos_encoding": model.cfg.model.pos_encoding, "size": size,
+                          "train_len": model.cfg.train_len, "max_positions": model.cfg.model.max_positions}
+    elif checkpoint:
+        entry["model"] = {"from": checkpoint}
+        entry["notes"].append(f"checkpoint {checkpoint} is not trained by this file: its lengths are unchecked")
+    check = CHECKS.get(step.stage)
+    keys = check(stage_cfg, model, entry) if check else RESULTS.get(step.stage)
+    results[step.id] = Placeholders(step.id, keys)
+    if step.stage in ("pretrain", "finetune") and model is not None:
+        models[results[step.id]["run_id"]] = Model(step.id, model.cfg)
+    return entry
+
+
+def reference_problems(step: PipelineStep, order: list[str]) -> list[str]:
+    """One line per ``@{step.key}`` of ``step`` that does not name an earlier step (the real run would only
+    find out when it got there)."""
+    here, problems = order.index(step.id), []
+    for override in step.overrides:
+        for ref, key in REFERENCE.findall(override):
+            where = f"@{{{ref}.{key}}}"
+            if ref == step.id:
+                problems.append(f"{where} refers to this step itself; a step can use only earlier steps' results")
+            elif ref in order and order.index(ref) > here:
+                problems.append(f"{where} refers to step {ref!r}, which runs later (steps run in file order): "
+                                f"move {ref!r} before {step.id!r}")
+            elif ref not in order:
+                close = difflib.get_close_matches(ref, order, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                problems.append(f"{where}: no step {ref!r} in this file; {hint}steps: {', '.join(order)}")
+    return problems
+
+
+def run_id_of(checkpoint: str) -> str:
+    """``runs:/<run id>/...`` -> the run id; '' for a local folder."""
+    return checkpoint.removeprefix("runs:/").split("/")[0] if checkpoint.startswith("runs:/") else ""
+
+
+def training_tokens(trainer: TrainerConfig, steps: int, batch_size: int, length: int) -> int:
+    """Tokens a training run reads: optimizer steps x per-process batch x processes x accumulation x length."""
+    return steps * batch_size * trainer.devices * trainer.num_nodes * trainer.accumulate_grad_batches * length
+
+
+def cached_documents(data: DataConfig, split: str) -> list[int] | None:
+    """Token lengths of the documents of ``split`` from a cached preparation of ``data`` (the newest one of the
+    same corpus, vocabulary and split settings); None when it was never prepared (then it is unchecked)."""
+    settings = {"seed": data.split_seed, "val_fraction": data.val_fraction, "test_fraction": data.test_fraction}
+    manifests = sorted(data.cache_path.glob("prepared/*/manifest.json"), key=lambda p: p.stat().st_mtime,
+                       reverse=True)
+    for path in manifests:
+        manifest = json.loads(path.read_text())
+        if (manifest["corpus"], manifest["vocab_size_requested"], manifest["split"]) == (
+                data.corpus, data.vocab_size, settings):
+            return json.loads((path.parent / f"{split}.json").read_text())["lengths"]
+    return None
+
+
+def check_training_data(entry: dict, data: DataConfig, tokens: int, length: int) -> None:
+    """Record the train split's size against the ``tokens`` a run reads in windows of ``length`` tokens."""
+    documents = cached_documents(data, "train")
+    if documents is None:
+        entry["data"] = {"corpus": data.corpus, "train_tokens": "unchecked: known once the corpus is prepared"}
+        return
+    available = sum(documents)
+    entry["data"] = {"corpus": data.corpus, "train_tokens": available, "epochs": round(tokens / available, 2)}
+    if available < length + 1:
+        entry["problems"].append(f"the train split of {data.corpus!r} has {available} tokens, fewer than one "
+                                 f"window of {length + 1}; use a larger corpus or a shorter length")
+
+
+def check_documents(entry: dict, data: DataConfig, split: str, longest: int) -> None:
+    """Evaluation windows of ``longest`` tokens need a ``split`` document of ``longest + 1`` tokens."""
+    documents = cached_documents(data, split)
+    if documents is None:
+        entry["data"] = {"corpus": data.corpus, f"longest_{split}_document": "unchecked: known once prepared"}
+        return
+    entry["data"] = {"corpus": data.corpus, f"longest_{split}_document": max(documents)}
+    if max(documents) < longest + 1:
+        entry["problems"].append(f"no {split} document of {data.corpus!r} has {longest + 1} tokens (longest: "
+                                 f"{max(documents)}); lower the lengths or use a corpus with longer documents")
+
+
+def training_keys(length: int) -> dict[str, type]:
+    """What a Lightning training stage returns: run, steps, and the last logged train/val metrics."""
+    return {"run_id": str, "out_dir": str, "step": int, "world_size": int, "train/loss": float,
+            "train/lr": float, f"val/len{length}/loss": float, f"val/len{length}/ppl": float}
+
+
+def target_problems(entry: dict, model: Model | None, lengths: list[int]) -> None:
+    """Target lengths must extend the model and fit it (the stages' own ``check_target_len``)."""
+    from nope_lightning.stages.lm import check_target_len
+
+    for length in lengths if model else ():
+        try:
+            check_target_len(model.cfg, length)
+        except ValueError as err:
+            entry["problems"].append(f"{err} (model of step {model.step!r})")
+
+
+def plan_pretrain(cfg: PretrainConfig, model: Model, entry: dict) -> dict[str, type]:
+    entry["lengths"] = {"train_len": cfg.train_len}
+    entry["training_tokens"] = training_tokens(cfg.trainer, cfg.trainer.max_steps, cfg.batch_size, cfg.train_len)
+    check_training_data(entry, cfg.data, entry["training_tokens"], cfg.train_len)
+    return {**training_keys(cfg.train_len), "model": str}
+
+
+def plan_evaluate(cfg, model: Model | None, entry: dict) -> dict[str, type] | None:
+    """Lengths as ``evaluate`` picks them, each plus its generation budget against ``max_positions``."""
+    if not cfg.eval_lengths and model is None:
+        entry["notes"].append("eval_lengths default to multiples of the external model's train_len: unchecked")
+        return None
+    lengths = sorted(cfg.eval_lengths or [model.cfg.train_len * m for m in (1, 2, 4, 8)])
+    passkey = sorted(cfg.passkey_lengths or lengths)
+    longctx = max((LONGCTX_NEW_TOKENS[t] for t in cfg.longctx_tasks), default=0) + 1 if cfg.longctx_samples else 0
+    entry["lengths"] = {"eval": lengths, "passkey": passkey, "max_new_tokens": cfg.max_new_tokens,
+                        "longctx_new_tokens": longctx}
+    if model is not None:
+        limit = model.cfg.model.max_positions
+        # evaluate refuses any length + max_new_tokens past the limit; long-context prompts add BOS + answer.
+        needed = max(max(lengths), max(passkey)) + cfg.max_new_tokens
+        needed = max(needed, max(passkey) + longctx)
+        if needed > limit:
+            entry["problems"].append(f"evaluation needs {needed} positions (longest length + generated tokens), "
+                                     f"over max_positions={limit} of the model step {model.step!r} trains; shorten "
+                                     f"eval_lengths/passkey_lengths or raise model.max_positions there")
+        if not cfg.corpora:
+            check_documents(entry, model.cfg.data, cfg.split, max(lengths))
+    if cfg.longbench_files or cfg.harness_tasks:
+        return None  # their metric names come from the tasks themselves
+    return evaluate_keys(cfg, lengths, passkey)
+
+
+def evaluate_keys(cfg, lengths: list[int], passkey: list[int]) -> dict[str, type]:
+    """The metric names ``evaluate`` returns (``window_metrics``, passkey, long-context)."""
+    from nope_lightning.data.corpus import corpus_label
+
+    prefixes = [cfg.split, *(f"{cfg.split}/{corpus_label(c)}" for c in cfg.corpora[1:])]
+    keys: dict[str, type] = {"run_id": str}
+    keys.update({f"{p}/len{n}/{m}": float for p in prefixes for n in lengths for m in ("ppl", "loss")})
+    if cfg.entropy_windows:
+        keys.update({f"{cfg.split}/len{n}/entropy": float for n in lengths})
+    if cfg.passkey_keys:
+        depths = [round(100 * i / cfg.passkey_depths) for i in range(cfg.passkey_depths)]
+        keys.update({f"passkey/len{n}/acc": float for n in passkey})
+        keys.update({f"passkey/len{n}/depth{d}/acc": float for n in passkey for d in depths})
+    if cfg.longctx_samples:
+        keys.update({f"longctx/{t}/len{n}/score": float for t in cfg.longctx_tasks for n in passkey})
+    return keys
+
+
+def plan_scale_search(cfg, model: Model | None, entry: dict) -> dict[str, type]:
+    entry["lengths"] = {"targets": list(cfg.target_lengths)}
+    target_problems(entry, model, cfg.target_lengths)
+    if model is not None:
+        check_documents(entry, model.cfg.data, "val", max(cfg.target_lengths))
+    keys = {"run_id": str, "study": str, "trials": int, "scale_search/fit_a": float, "scale_search/fit_r2": float}
+    keys.update({f"scale_search/len{n}/{m}": float for n in cfg.target_lengths
+                 for m in ("best_lambda", "best_logppl", "on_grid_edge")})
+    return keys
+
+
+def plan_headscale(cfg, model: Model | None, entry: dict) -> dict[str, type]:
+    entry["lengths"] = {"target_len": cfg.target_len}
+    entry["training_tokens"] = training_tokens(cfg.trainer, cfg.steps, cfg.batch_size, cfg.target_len)
+    target_problems(entry, model, [cfg.target_len])
+    if model is not None:
+        check_training_data(entry, model.cfg.data, entry["training_tokens"], cfg.target_len)
+    symbol = "a" if cfg.parameterization == "log" else "lambda"
+    return {**training_keys(cfg.target_len), "table": str, f"init_{symbol}": float,
+            **{f"headscale/{symbol}_{s}": float for s in ("mean", "min", "max")}}
+
+
+def plan_headscale_search(cfg, model: Model | None, entry: dict) -> dict[str, type]:
+    plan_headscale(cfg.base, model, entry)
+    entry["training_tokens"] *= cfg.num_trials  # at most: pruned trials stop early
+    return {"run_id": str, "study": str, "best_trial": int, "best_run_id": str, "trials": int,
+            "headscale_search/pruned": int,
+            **{f"headscale_search/{k}": float for k in ("best_logppl", "best_init", "best_lr")}}
+
+
+def plan_finetune(cfg, model: Model | None, entry: dict) -> dict[str, type]:
+    entry["lengths"] = {"target_len": cfg.target_len}
+    entry["training_tokens"] = training_tokens(cfg.trainer, cfg.total_steps, cfg.batch_size, cfg.target_len)
+    target_problems(entry, model, [cfg.target_len])
+    if model is not None:
+        from nope_lightning.stages.finetune import check_rope_model
+
+        try:
+            check_rope_model(model.cfg, cfg.checkpoint)
+        except ValueError as err:
+            entry["problems"].append(str(err))
+        check_training_data(entry, model.cfg.data, entry["training_tokens"], cfg.target_len)
+    return {**training_keys(cfg.target_len), "model": str, "tokens": int}
+
+
+#: Stages checked beyond their config, each ``(config, model | None, plan entry) -> result keys | None``.
+CHECKS = {"pretrain": plan_pretrain, "evaluate": plan_evaluate, "scale-search": plan_scale_search,
+          "headscale": plan_headscale, "headscale-search": plan_headscale_search, "finetune": plan_finetune}
+
+#: The result keys of the other stages (None: only known once it ran), as each stage's ``run`` returns them.
+RESULTS: dict[str, dict[str, type] | None] = {
+    "prepare": {"root": str, "key": str, "vocab_size": int, "train_tokens": int, "val_tokens": int,
+                "test_tokens": int},
+    "report": {"run_id": str, "markdown": str, "html": str, "methods": int},
+    "pipeline": {"run_id": str, "steps": int, "elapsed_s": float, "report": str},
+    "synthetic": {"run_id": str, "task": str, "pos_encoding": str, "seed": int, "scratchpad": bool,
+                  "train_max_len": int, "test_max_len": int, "id_acc": float, "ood_acc": float,
+                  "best_val_acc": float, "best_step": int, "steps": int, "train_seconds": float,
+                  "eval_seconds": float, "parameters": int},
+    "synthetic-grid": None,
+}

@@ -1,0 +1,170 @@
+"""``pipeline dry_run=true``: every experiment file plans cleanly without compute; broken copies fail with one
+line naming the step; the plan's numbers are the recipes' (lengths, training tokens)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nope_lightning.run import run_stage, stage_config
+from tests.conftest import REPO
+
+EXPERIMENTS = sorted((REPO / "experiments").glob("*.yaml"))
+#: The environment the paper and small_temperature files read their corpora and checkpoints from.
+ENVIRONMENT = {"CORPUS": "/data/slimpajama", "PG19": "/data/pg19", "PROOFPILE": "/data/proofpile",
+               "NOPE_CHECKPOINT": "runs:/0123456789abcdef/model", "NOPE_SCALE_SEARCH": "0123456789abcdef"}
+
+
+@pytest.fixture
+def dry_run(tmp_path, tracking_overrides, monkeypatch):
+    """``path -> plan``: the dry run of an experiment file, tracked in a temporary store, with an empty data
+    cache and the files' environment variables set."""
+    monkeypatch.setenv("NOPE_LIGHTNING_CACHE", str(tmp_path / "cache"))
+    for key, value in ENVIRONMENT.items():
+        monkeypatch.setenv(key, value)
+
+    def run(path: Path) -> dict:
+        cfg = stage_config("pipeline", str(path), [*tracking_overrides, "dry_run=true"])
+        return run_stage("pipeline", cfg)
+
+    return run
+
+
+def mlflow_runs(tmp_path: Path) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    return client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
+def test_every_experiment_file_plans_without_compute(path, dry_run, tmp_path):
+    if "steps" not in yaml.safe_load(path.read_text()):  # a synthetic-grid file: its stage's config validates
+        stage_config("synthetic-grid", str(path))
+        return
+    start = time.process_time()
+    plan = dry_run(path)
+    assert time.process_time() - start < 60  # CPU seconds: config resolution only (the machine may be busy)
+    assert plan["dry_run"] and plan["problems"] == []
+    assert [s["id"] for s in plan["steps"]] == [s["id"] for s in yaml.safe_load(path.read_text())["steps"]]
+    assert mlflow_runs(tmp_path) == []
+    assert not (tmp_path / "cache").exists()  # no data prepared
+
+
+def test_small_plan_numbers(dry_run):
+    steps = {s["id"]: s for s in dry_run(REPO / "experiments/small.yaml")["steps"]}
+    pretrain = steps["pretrain_nope"]
+    assert pretrain["model"] == {"from": "pretrain_nope", "pos_encoding": "nope", "size": "4 layers x 128, 4 heads",
+                                 "train_len": 128, "max_positions": 8192}
+    assert pretrain["training_tokens"] == 2750 * 8 * 2 * 128  # steps x batch x DDP processes x train_len: 5.6 M
+    assert pretrain["data"] == {"corpus": "kjv", "train_tokens": "unchecked: known once the corpus is prepared"}
+    assert steps["pretrain_rope"]["model"]["pos_encoding"] == "rope"
+    assert steps["eval_nope"]["lengths"] == {"eval": [128, 256, 512, 1024], "passkey": [128, 256, 512, 1024],
+                                             "max_new_tokens": 8, "longctx_new_tokens": 0}
+    assert steps["search_nope"]["lengths"] == {"targets": [256, 512, 1024]}
+    assert steps["headscale_4x"]["training_tokens"] == 200 * 8 * 512
+    assert steps["finetune_pi_2x"]["model"]["from"] == "pretrain_rope"
+    assert steps["eval_pi_2x"]["model"]["from"] == "finetune_pi_2x"  # the fine-tune's own export
+
+
+def test_paper_plan_numbers(dry_run):
+    plan = dry_run(REPO / "experiments/paper.yaml")
+    steps = {s["id"]: s for s in plan["steps"]}
+    pretrain = steps["pretrain_nope"]
+    assert pretrain["model"]["size"] == "22 layers x 2048, 32 heads" and pretrain["model"]["max_positions"] == 20480
+    # 50K steps x 8 sequences x 8 GPUs x 16 accumulated x L = 2048: the paper's ~100B tokens
+    assert pretrain["training_tokens"] == 50_000 * 8 * 8 * 16 * 2048
+    assert steps["eval_nope"]["lengths"]["eval"] == [2048, 4096, 8192, 16384]
+    assert steps["search_nope"]["lengths"]["targets"] == [4096, 8192, 16384, 18432]
+    assert steps["headscale_18k"]["lengths"] == {"target_len": 18432}
+    assert steps["headscale_18k"]["training_tokens"] == 200 * 8 * 18432  # 29.5M (the paper's 30M)
+    assert steps["finetune_pi_4k_raw"]["training_tokens"] == 5 * steps["finetune_pi_4k_fair"]["training_tokens"]
+
+
+def test_external_checkpoint_is_noted_not_checked(dry_run):
+    steps = {s["id"]: s for s in dry_run(REPO / "experiments/small_temperature.yaml")["steps"]}
+    assert steps["eval_nope"]["model"] == {"from": ENVIRONMENT["NOPE_CHECKPOINT"]}
+    assert any("unchecked" in note for note in steps["eval_nope"]["notes"])
+    assert steps["eval_nope_ssmax"]["model"]["from"] == "pretrain_nope_ssmax"
+
+
+# --- broken copies --------------------------------------------------------------------------------------
+
+STEPS = [
+    {"id": "pretrain_nope", "stage": "pretrain", "config": "conf/pretrain/tiny.yaml"},
+    {"id": "search_nope", "stage": "scale-search",
+     "overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model", "target_lengths=[128,256]", "grid=[1.0,1.5]"]},
+    {"id": "eval_nope", "stage": "evaluate",
+     "overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model",
+                   "extension.temperature=@{search_nope.scale_search/len256/best_lambda}"]},
+]
+
+
+def broken(tmp_path: Path, step: int, **changes) -> Path:
+    """A copy of the three-step pipeline above with step ``step``'s fields changed."""
+    steps = [dict(s) for s in STEPS]
+    steps[step].update(changes)
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump({"name": "broken", "steps": steps}))
+    return path
+
+
+def problems(dry_run, path: Path) -> list[str]:
+    with pytest.raises(ValueError, match="problem") as err:
+        dry_run(path)
+    return str(err.value).splitlines()[1:]
+
+
+def test_the_unbroken_copy_plans(dry_run, tmp_path):
+    plan = dry_run(broken(tmp_path, 0))
+    steps = {s["id"]: s for s in plan["steps"]}
+    assert steps["pretrain_nope"]["training_tokens"] == 20 * 8 * 64  # conf/pretrain/tiny.yaml
+    assert steps["eval_nope"]["lengths"]["eval"] == [64, 128, 256, 512]  # 1x-8x of train_len 64
+    assert plan["training_tokens"] == 20 * 8 * 64
+
+
+@pytest.mark.parametrize("step, changes, expected", [
+    (2, {"overrides": ["checkpoint=runs:/@{pretrain_nop.run_id}/model"]},
+     "step eval_nope: @{pretrain_nop.run_id}: no step 'pretrain_nop' in this file; did you mean 'pretrain_nope'?"),
+    (1, {"overrides": ["checkpoint=runs:/@{eval_nope.run_id}/model", "target_lengths=[128]"]},
+     "step search_nope: @{eval_nope.run_id} refers to step 'eval_nope', which runs later"),
+    (2, {"overrides": ["checkpoint=runs:/@{eval_nope.run_id}/model"]},
+     "step eval_nope: @{eval_nope.run_id} refers to this step itself"),
+    (2, {"overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model",
+                       "extension.temperature=@{search_nope.scale_search/len512/best_lambda}"]},
+     "step eval_nope: @{search_nope.scale_search/len512/best_lambda}: step 'search_nope' has no result "
+     "'scale_search/len512/best_lambda' (it has run_id, scale_search/fit_a"),
+    (2, {"overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model", "eval_lengths=[64,1024]"]},
+     # 1024 + BOS + the 40-token answer of the long-context task variable_tracking (evaluate's default tasks)
+     "step eval_nope: evaluation needs 1065 positions (longest length + generated tokens), over "
+     "max_positions=1024 of the model step 'pretrain_nope' trains"),
+    (1, {"overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model", "target_lengths=[256,2048]"]},
+     "step search_nope: target_len=2048 exceeds the model's max_positions=1024 (model of step 'pretrain_nope')"),
+    (2, {"stage": "evaluat"}, "step eval_nope: unknown stage 'evaluat'; did you mean 'evaluate'?"),
+    (2, {"overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model", "eval_lenghts=[64]"]},
+     "step eval_nope: config key 'eval_lenghts': Key 'eval_lenghts' not in 'EvaluateConfig'"),
+])
+def test_a_broken_copy_fails_with_one_line_naming_the_step(dry_run, tmp_path, step, changes, expected):
+    lines = problems(dry_run, broken(tmp_path, step, **changes))
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+    assert mlflow_runs(tmp_path) == []
+
+
+def test_a_broken_step_is_not_blamed_on_the_steps_using_it(dry_run, tmp_path):
+    assert problems(dry_run, broken(tmp_path, 0, overrides=["model.max_positions=32"])) == [
+        "step pretrain_nope: train_len=64 exceeds model.max_positions=32; raise model.max_positions"]
+
+
+def test_cli_prints_only_the_plan_on_stdout(tmp_path, tracking_overrides):
+    proc = subprocess.run([sys.executable, "-m", "nope_lightning.cli", "run", "pipeline",
+                           str(REPO / "experiments/tiny.yaml"), "dry_run=true", *tracking_overrides],
+                          capture_output=True, text=True, cwd=tmp_path, check=True)
+    plan = json.loads(proc.stdout)
+    assert [s["stage"] for s in plan["steps"]][:3] == ["pretrain", "pretrain", "evaluate"]
+    assert "pipeline [7/7] evaluate eval_nope_uniform: dry run: ok" in proc.stderr
