@@ -19,15 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from nope_lightning.config import DataConfig, PipelineConfig, PipelineStep, PretrainConfig, TrainerConfig
+from nope_lightning.eval.longctx import answer_tokens
 from nope_lightning.stages.pipeline import REFERENCE, step_config
 
 PARENT = "dry-run-parent"  # the parent run id the step configs are nested under (no run is created)
-
-#: Answer budget (generated tokens) of each long-context task, as ``eval/longctx.py`` builds its samples
-#: (variable_tracking: 8 x (4 hops + 1)); the prompt also gets a BOS token in front.
-LONGCTX_NEW_TOKENS = {"multikey_retrieval": 10, "variable_tracking": 40, "passage_retrieval": 32,
-                      "passage_count": 32}
-
 
 @dataclass(frozen=True)
 class Model:
@@ -212,7 +207,7 @@ def plan_evaluate(cfg, model: Model | None, entry: dict) -> dict[str, type] | No
         return None
     lengths = sorted(cfg.eval_lengths or [model.cfg.train_len * m for m in (1, 2, 4, 8)])
     passkey = sorted(cfg.passkey_lengths or lengths)
-    longctx = max((LONGCTX_NEW_TOKENS[t] for t in cfg.longctx_tasks), default=0) + 1 if cfg.longctx_samples else 0
+    longctx = max((answer_tokens(t) for t in cfg.longctx_tasks), default=0) + 1 if cfg.longctx_samples else 0
     entry["lengths"] = {"eval": lengths, "passkey": passkey, "max_new_tokens": cfg.max_new_tokens,
                         "longctx_new_tokens": longctx}
     if model is not None:

@@ -37,6 +37,14 @@ from nope_lightning.eval.longbench import count_score, retrieval_score
 from nope_lightning.eval.passkey import TextTokenizer, score_passkey
 
 MAX_UNIT_WORDS = 50  # caps haystack pieces so needles can land anywhere, even in text without full stops
+#: Generation budget (new tokens) of each task's answer; variable tracking's grows with its hops.
+ANSWER_TOKENS = {"multikey_retrieval": 10, "passage_retrieval": 32, "passage_count": 32}
+TRACKING_TOKENS_PER_NAME = 8
+
+
+def answer_tokens(task: str, num_hops: int = 4) -> int:
+    """New tokens generated for ``task``'s answer (variable tracking names ``num_hops + 1`` variables)."""
+    return TRACKING_TOKENS_PER_NAME * (num_hops + 1) if task == "variable_tracking" else ANSWER_TOKENS[task]
 
 MULTIKEY_TASK = ("There are pass keys of several people hidden inside a lot of irrelevant text. Find them and "
                  "memorize them. I will quiz you about one of them.")
@@ -184,7 +192,8 @@ def multikey_retrieval(tokenizer: TextTokenizer, documents: Sequence[str], lengt
         asked = rng.randrange(num_keys)
         tail = tokenizer.encode(f"\nWhat is the pass key of {names[asked]}? The pass key of {names[asked]} is")
         ids = _filled(tokenizer, "multikey_retrieval", length, head, needles, tail, pieces, rng)
-        samples.append(LongContextSample("multikey_retrieval", ids, [keys[asked]], "first_integer", length, 10))
+        samples.append(LongContextSample("multikey_retrieval", ids, [keys[asked]], "first_integer", length,
+                                         answer_tokens("multikey_retrieval")))
     return samples
 
 
@@ -211,7 +220,7 @@ def variable_tracking(tokenizer: TextTokenizer, documents: Sequence[str], length
         needles = [tokenizer.encode(s) for s in statements]
         ids = _filled(tokenizer, "variable_tracking", length, head, needles, tail, pieces, rng)
         samples.append(LongContextSample("variable_tracking", ids, chains[asked], "string_match_all", length,
-                                         8 * (num_hops + 1)))
+                                         answer_tokens("variable_tracking", num_hops)))
     return samples
 
 
@@ -261,7 +270,7 @@ def passage_retrieval(tokenizer: TextTokenizer, documents: Sequence[str], length
             raise ValueError(f"length={length} is too short for passage_retrieval: fewer than 2 paragraphs fit")
         ids = [*head, *numbered.body(order), *tail]
         samples.append(LongContextSample("passage_retrieval", ids, [f"Paragraph {order.index(target) + 1}"],
-                                         "retrieval_score", length, 32))
+                                         "retrieval_score", length, answer_tokens("passage_retrieval")))
     return samples
 
 
@@ -287,7 +296,8 @@ def passage_count(tokenizer: TextTokenizer, documents: Sequence[str], length: in
         if not order:
             raise ValueError(f"length={length} is too short for passage_count: no paragraph fits")
         ids = [*head, *numbered.body(order), *tail]
-        samples.append(LongContextSample("passage_count", ids, [str(len(set(order)))], "count_score", length, 32))
+        samples.append(LongContextSample("passage_count", ids, [str(len(set(order)))], "count_score", length,
+                                         answer_tokens("passage_count")))
     return samples
 
 
