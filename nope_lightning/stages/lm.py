@@ -77,7 +77,12 @@ def local_shard(tensor: torch.Tensor) -> torch.Tensor:
 def trained_model(trainer, model: GPT) -> GPT | None:
     """The trained ``model`` as a plain, unsharded GPT on global rank 0 (what an export saves), None elsewhere.
     Every rank must call it. Under FSDP ``model`` itself holds only this rank's shards, so rank 0 builds a
-    fresh GPT of the same architecture and loads the gathered full state into it."""
+    fresh GPT of the same architecture and loads the gathered full state into it; otherwise ``model`` is
+    already whole and is returned as it is."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    if not isinstance(trainer.strategy, (FSDPStrategy, FSDP2Strategy)):
+        return model if trainer.is_global_zero else None
     state = trained_state(trainer)
     if not trainer.is_global_zero:
         return None
