@@ -12,6 +12,7 @@ Units: temperatures (``model.temperature`` and per-head tables) are in units of 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,12 +22,17 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from nope_lightning.paper import CLAIMS_BY_ID
+
 POS_ENCODINGS = ("nope", "rope", "alibi", "learned", "sinusoidal", "t5")
 ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "yarn_paper")
 ATTENTION_BACKENDS = ("sdpa", "flash")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "fsdp2")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+#: The fewest bootstrap resamples a config may ask for: below ~100 the 2.5 % / 97.5 % percentiles rest on a
+#: handful of resamples and move from run to run.
+MIN_RESAMPLES = 100
 
 T = TypeVar("T")
 
@@ -35,6 +41,13 @@ def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
     """Raise ``ValueError`` unless ``value`` is one of ``choices``."""
     if value not in choices:
         raise ValueError(f"{key}={value!r} is not a valid choice; pick one of {', '.join(choices)}")
+
+
+def check_bootstrap(key: str, resamples: int) -> None:
+    """A bootstrap needs enough resamples for stable 2.5 % / 97.5 % percentiles (``stats.MIN_RESAMPLES``)."""
+    if resamples < MIN_RESAMPLES:
+        raise ValueError(f"{key}={resamples} bootstrap resamples are too few for a 95 % interval: use >= "
+                         f"{MIN_RESAMPLES} (1000 is the default)")
 
 
 def check_range(key: str, value: float, low: float | None = None, high: float | None = None,
@@ -258,7 +271,6 @@ PASSKEY_PROMPTS = ("reference", "compact")
 RETRIEVAL_FILLERS = ("corpus", "reference", "mixed")
 RETRIEVAL_LENGTHS = ("uniform", "full")
 SPLITS = ("val", "test")
-WINDOW_SCORING = ("last_stride", "first_full")
 
 
 @dataclass
@@ -302,8 +314,11 @@ class PretrainConfig:
     steps (a cosine decay trains a model that does not break past L at this budget), 5.6 M tokens over 2
     DDP processes, and 40 % retrieval sequences filling the whole window (``retrieval``) so passkey
     accuracy exists inside L.
-    ``batch_size`` is per process. ``out_dir`` empty means ``mlruns/checkpoints/pretrain/<run name>``; with
-    ``resume=true`` a run restarted with the same ``out_dir`` continues from its last checkpoint.
+    ``batch_size`` is per process. ``tokens_per_parameter`` > 0 sets the training budget instead of
+    ``trainer.max_steps``: that many training tokens per non-embedding parameter (Kaplan et al. 2020's count:
+    token, output and absolute-position embeddings excluded), rounded up to whole optimizer steps.
+    ``out_dir`` empty means ``mlruns/checkpoints/pretrain/<run name>``; with ``resume=true`` a run restarted
+    with the same ``out_dir`` continues from its last checkpoint.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -314,6 +329,7 @@ class PretrainConfig:
     retrieval: RetrievalConfig = field(default_factory=lambda: RetrievalConfig(fraction=0.4, length="full"))
     train_len: int = 128
     batch_size: int = 8
+    tokens_per_parameter: float = 0.0
     seed: int = 1234
     name: str = ""
     out_dir: str = ""
@@ -322,6 +338,7 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         check_range("train_len", self.train_len, 1)
         check_range("batch_size", self.batch_size, 1)
+        check_range("tokens_per_parameter", self.tokens_per_parameter, 0.0)
         if self.train_len > self.model.max_positions:
             raise ValueError(f"train_len={self.train_len} exceeds model.max_positions="
                              f"{self.model.max_positions}; raise model.max_positions")
@@ -430,20 +447,25 @@ LONGCTX_TASKS = ("multikey_retrieval", "passage_retrieval", "passage_count", "va
 class EvaluateConfig:
     """``nope-lightning run evaluate checkpoint=<export folder | runs:/<id>/model>``.
 
-    Empty ``eval_lengths`` means 1x, 2x, 4x, 8x the model's ``train_len``; ``stride=0`` means
+    ``eval_lengths`` unset means 1x, 2x, 4x, 8x the model's ``train_len``; an empty list means no perplexity;
+    ``passkey_lengths`` unset means the eval lengths, an empty list means no passkey. ``stride=0`` means
     ``train_len // 8`` (the paper's 256 at 2K); empty ``corpora`` means the model's own corpus.
     ``split``: ``test`` for what a report shows, ``val`` for every selection (the lambda search, HeadScale's
-    init); metric names start with it. Perplexity scores ``ppl_tokens`` tokens per (corpus, length): the
-    same documents and tokens whatever the batch size or process count. ``window_scoring``: ``last_stride``
-    scores only each window's last ``stride`` targets (every scored token has >= length - stride tokens of
-    context, as the reference evaluation does); ``first_full`` also scores all targets of a document's first
-    window. Passkey: ``passkey_depths`` depths x ``passkey_keys`` keys per length, ``passkey_prompt``
+    init); metric names start with it, and passkey keys and long-context samples are drawn from it (selection
+    never sees the reporting prompts). Perplexity scores about ``ppl_tokens`` target tokens per (corpus,
+    length), in windows spread evenly over the split; **every length scores the same target tokens** (each
+    window ends on the same token at every length and scores its last ``stride`` targets, so every scored token
+    has >= length - stride tokens of context), independent of batch size and process count. Per-position
+    log-PPL (and, with ``entropy``, attention entropy in nats) come from ``position_windows`` non-overlapping
+    windows of the longest length. Every perplexity, curve and passkey figure is stored per window / prompt, and
+    its interval is a ``bootstrap``-resample bootstrap over blocks of windows (passkey: Wilson).
+    Passkey: ``passkey_depths`` depths x ``passkey_keys`` keys per length (paper 001: 10 x 10), ``passkey_prompt``
     ``reference`` or ``compact`` (no task line); a length too short for the prompt is skipped with one line.
     ``longbench_files``: LongBench(-E) JSONL files, run with the prompts and budgets of the user's LongBench
     ``longbench_config`` folder (``longbench_beams`` >= 1). ``harness_tasks``: lm-evaluation-harness tasks
     (``harness_include``: a folder of extra task YAMLs). Results are saved under ``out_dir`` (default
-    ``mlruns/results/evaluate/<run name>-<config hash>``, beside the artifact root) before they are logged; a rerun after a tracking
-    failure logs them without computing again.
+    ``mlruns/results/evaluate/<run name>-<config hash>``, beside the artifact root) before they are logged; a
+    rerun after a tracking failure logs them without computing again.
     """
 
     checkpoint: str = ""
@@ -452,18 +474,18 @@ class EvaluateConfig:
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(progress_bar=True))
     corpora: list[str] = field(default_factory=list)
     split: str = "test"
-    eval_lengths: list[int] = field(default_factory=list)
+    eval_lengths: list[int] | None = None
     stride: int = 0
-    window_scoring: str = "last_stride"
     ppl_tokens: int = 16384
     batch_size: int = 4
-    position_windows: int = 8
+    position_windows: int = 64
     position_buckets: int = 32
-    entropy_windows: int = 2
+    entropy: bool = True
     entropy_chunk: int = 256
-    passkey_lengths: list[int] = field(default_factory=list)
+    bootstrap: int = 1000
+    passkey_lengths: list[int] | None = None
     passkey_depths: int = 10
-    passkey_keys: int = 5
+    passkey_keys: int = 10
     passkey_prompt: str = "reference"
     longctx_tasks: list[str] = field(default_factory=lambda: list(LONGCTX_TASKS))
     longctx_samples: int = 5
@@ -481,13 +503,14 @@ class EvaluateConfig:
     def __post_init__(self) -> None:
         if not self.checkpoint:
             raise ValueError("checkpoint= is required: an export folder (…/model) or runs:/<run_id>/model")
-        for key in ("stride", "position_windows", "entropy_windows", "passkey_keys", "longctx_samples"):
+        for key in ("stride", "position_windows", "passkey_keys", "longctx_samples"):
             check_range(key, getattr(self, key), 0)
         for key in ("ppl_tokens", "batch_size", "entropy_chunk", "max_new_tokens", "passkey_depths",
                     "position_buckets"):
             check_range(key, getattr(self, key), 1)
+        check_bootstrap("bootstrap", self.bootstrap)
         for key in ("eval_lengths", "passkey_lengths"):
-            for length in getattr(self, key):
+            for length in getattr(self, key) or ():
                 check_range(key, length, 2)
         for task in self.longctx_tasks:
             check_choice("longctx_tasks", task, LONGCTX_TASKS)
@@ -496,8 +519,18 @@ class EvaluateConfig:
         if self.longbench_files and not self.longbench_config:
             raise ValueError("longbench_files need longbench_config=<your LongBench config folder> (the one "
                              "holding dataset2prompt.json and dataset2maxlen.json)")
-        check_choice("window_scoring", self.window_scoring, WINDOW_SCORING)
         check_choice("passkey_prompt", self.passkey_prompt, PASSKEY_PROMPTS)
+
+    def perplexity_lengths(self, train_len: int) -> list[int]:
+        """The perplexity lengths: ``eval_lengths`` (an empty list: none), unset: 1x, 2x, 4x, 8x ``train_len``."""
+        return sorted(self.eval_lengths if self.eval_lengths is not None else [train_len * m for m in (1, 2, 4, 8)])
+
+    def passkey_lengths_for(self, train_len: int) -> list[int]:
+        """The passkey lengths: ``passkey_lengths`` (an empty list: none), unset: the perplexity lengths; none
+        when ``passkey_keys=0``."""
+        if not self.passkey_keys:
+            return []
+        return sorted(self.passkey_lengths if self.passkey_lengths is not None else self.perplexity_lengths(train_len))
 
 
 def _check_target(key: str, value: int) -> None:
@@ -670,7 +703,9 @@ class FinetuneConfig:
 @dataclass
 class PipelineStep:
     """One stage of a pipeline. ``overrides`` may reference earlier steps' results as ``@{step_id.key}``
-    (e.g. ``checkpoint=runs:/@{pretrain_nope.run_id}/model``); ``label`` names the method in the report.
+    (e.g. ``checkpoint=runs:/@{pretrain_nope.run_id}/model``), the replicate's seed as ``@{seed}`` and the
+    matrix point's values as ``@{matrix.<key>}``; ``label`` names the method in the report. ``only`` limits the
+    step to the matrix points whose values it lists (``{tokens_per_parameter: [4, 40]}``; empty: every point).
     ``subprocess`` runs the step as its own ``nope-lightning run`` process (needed for multi-process
     strategies: Lightning's DDP/FSDP launcher re-executes the command line in every extra rank)."""
 
@@ -680,6 +715,7 @@ class PipelineStep:
     overrides: list[str] = field(default_factory=list)
     label: str = ""
     subprocess: bool = False
+    only: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -687,6 +723,14 @@ class PipelineConfig:
     """``nope-lightning run pipeline experiments/<name>.yaml``: a chain of stages under one MLflow parent run.
 
     ``common`` overrides go to every step whose config has that key (e.g. ``trainer.progress_bar=false``).
+    ``seeds``: every step runs once per seed (a replicate: pre-training steps train with ``seed=<seed>``, every
+    later step runs on that replicate's models), each run tagged with its seed; empty means one replicate with
+    the stages' own seeds. ``matrix``: every step runs once per point of the grid ``{key: [values]}`` (keys are
+    used as ``@{matrix.<key>}`` in overrides), inside each replicate. Steps run replicate by replicate, point by
+    point, in file order. ``claims``: ids of paper 001's claims (``paper.CLAIMS``) the report tests; each names
+    the methods (step labels) it compares, which the file must run. ``bootstrap``: resamples behind every
+    interval of the report. ``sweep``: ``{x: <matrix key>, lines: <matrix key>}`` adds the report's sweep
+    section (measures per matrix point, plotted against ``x``, one line per value of ``lines``).
     A step whose resolved config matches a finished step of the same pipeline run is skipped; a killed
     pipeline resumes where it stopped. ``report`` runs the report stage at the end. ``dry_run`` runs nothing:
     it resolves and checks every step and prints the plan (``nope_lightning/plan.py``).
@@ -695,6 +739,11 @@ class PipelineConfig:
     name: str = ""
     steps: list[PipelineStep] = field(default_factory=list)
     common: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    matrix: dict[str, list[str]] = field(default_factory=dict)
+    claims: list[str] = field(default_factory=list)
+    bootstrap: int = 1000
+    sweep: dict[str, str] = field(default_factory=dict)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     report: bool = True
     dry_run: bool = False
@@ -711,17 +760,60 @@ class PipelineConfig:
             if step.id in seen:
                 raise ValueError(f"pipeline {self.name!r}: duplicate step id {step.id!r}")
             seen.add(step.id)
+            for key, values in step.only.items():
+                if key not in self.matrix or not set(values) <= set(self.matrix[key]):
+                    raise ValueError(f"step {step.id!r}: only={{{key}: {values}}} names matrix values the file's "
+                                     f"matrix does not have ({key}: {self.matrix.get(key, 'no such key')})")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds={self.seeds} repeats a seed: give distinct integers, e.g. seeds=[1234,2345,3456]")
+        for key, values in self.matrix.items():
+            if not key.isidentifier() or not values or len(set(values)) != len(values):
+                raise ValueError(f"matrix key {key!r}: a matrix needs identifier keys and distinct values "
+                                 f"(got {values})")
+        check_bootstrap("bootstrap", self.bootstrap)
+        if self.sweep and (set(self.sweep) != {"x", "lines"} or not set(self.sweep.values()) <= set(self.matrix)):
+            raise ValueError(f"sweep={self.sweep}: give sweep={{x: <matrix key>, lines: <matrix key>}} "
+                             f"(matrix keys: {', '.join(self.matrix) or 'none'})")
+        self._check_claims()
+
+    def _check_claims(self) -> None:
+        """Every claim must be known and every method it compares must be run by a step of this file."""
+        methods = {step.label or step.id for step in self.steps}
+        problems = []
+        for claim_id in self.claims:
+            claim = CLAIMS_BY_ID.get(claim_id)
+            if claim is None:
+                close = difflib.get_close_matches(claim_id, CLAIMS_BY_ID, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                problems.append(f"unknown claim {claim_id!r}; {hint}claims: {', '.join(CLAIMS_BY_ID)}")
+                continue
+            needed = {*claim.methods, *(m for p in claim.preconditions for m in p.methods)}
+            for method in sorted(needed - methods):
+                problems.append(f"claim {claim_id!r} compares method {method!r}, which no step of pipeline "
+                                f"{self.name!r} runs (a step label or id); add the step or drop the claim")
+        if problems:
+            raise ValueError("\n".join(problems))
 
 
 @dataclass
 class ReportConfig:
     """``nope-lightning run report run=<pipeline run id>``: markdown tables + PNG plots from tracked runs,
-    written under ``out_dir`` (default ``mlruns/reports/<run id>``) and logged to MLflow."""
+    written under ``out_dir`` (default ``mlruns/reports/<run id>``) and logged to MLflow. The claims tested
+    (``claims``), the sweep section (``sweep``) and the bootstrap resamples (``bootstrap``) are the pipeline's
+    own (its logged ``config.yaml``) unless given here (unset: ``None`` / ``0``)."""
 
     run: str = ""
     out_dir: str = ""
+    claims: list[str] | None = None
+    sweep: dict[str, str] | None = None
+    bootstrap: int = 0
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
         if not self.run:
             raise ValueError("run= is required: the MLflow run id of a pipeline")
+        for claim_id in self.claims or ():
+            if claim_id not in CLAIMS_BY_ID:
+                raise ValueError(f"unknown claim {claim_id!r}; claims: {', '.join(CLAIMS_BY_ID)}")
+        if self.bootstrap:
+            check_bootstrap("bootstrap", self.bootstrap)

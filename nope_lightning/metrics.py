@@ -4,8 +4,10 @@ All losses and entropies are natural-log quantities (**nats**); perplexity is ``
 Every metric keeps float64 sum and count states reduced with ``"sum"``, so syncing across processes is one
 all-reduce and the result does not depend on how samples were split into batches or ranks.
 
-* ``TokenNLL``: mean NLL per token and perplexity (never ``inf`` from softmax underflow).
-* ``PositionNLL``: mean NLL at each position of the input (the log-PPL curves of the paper's Fig 1/2/4).
+* ``token_nll``: per-token NLL from logits (log-softmax: never ``inf`` from softmax underflow, unlike
+  torchmetrics' ``Perplexity``, which takes softmax, gathers, then logs).
+* ``WindowSums``: one row of sums per evaluation window (NLL and token count, or per position), the unit the
+  report's bootstrap resamples.
 * ``AttentionEntropy``: paper Eq. 1-2, the entropy of each query's attention distribution per
   layer x head x query position; ``attention_entropy_from_qk`` computes it from queries and keys in query
   chunks so memory grows linearly with the sequence length.
@@ -66,70 +68,30 @@ def token_nll(logits: Tensor, targets: Tensor, mask: Tensor | None = None,
     return nll.view(targets.shape), targets != ignore_index
 
 
-class TokenNLL(_SumStateMetric):
-    """Mean next-token NLL (nats per token) over all scored tokens, and its perplexity.
+class WindowSums(_SumStateMetric):
+    """One row of float64 sums per evaluation window: ``(num_windows, width)``, e.g. a window's NLL sum (nats)
+    and scored-token count, or its NLL / attention entropy at each of its positions.
 
-    ``update(logits (B, T, V), targets (B, T), mask (B, T) bool | None)`` adds the summed cross-entropy and
-    the number of scored tokens; ``compute()`` returns the token-weighted mean NLL (a float64 scalar) and
-    ``perplexity()`` returns ``exp`` of it. Unlike torchmetrics' ``Perplexity`` (softmax, gather, log), one
-    very confident wrong token gives a large but finite loss instead of ``inf``.
+    ``update(index (B,) int64, values (B, width))`` adds each row of ``values`` to its window's row. Every window
+    is scored by exactly one process, so the ``"sum"`` sync across processes assembles the full table, and the
+    table (hence every statistic of it) does not depend on how windows were batched or split between ranks.
+    ``compute()`` returns the (num_windows, width) table.
     """
 
-    higher_is_better = False
-
-    def __init__(self, ignore_index: int = -100, **kwargs) -> None:
+    def __init__(self, num_windows: int, width: int, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.ignore_index = ignore_index
-        self._add_sum_state("nll_sum", ())
-        self._add_sum_state("count", ())
+        if num_windows < 0 or width < 1:
+            raise ValueError(f"num_windows={num_windows} must be >= 0 and width={width} >= 1")
+        self._add_sum_state("sums", (num_windows, width))
 
-    def update(self, logits: Tensor, targets: Tensor, mask: Tensor | None = None) -> None:
-        nll, scored = token_nll(logits, targets, mask, self.ignore_index)
-        self.nll_sum += nll.sum(dtype=torch.float64)
-        self.count += scored.sum()
+    def update(self, index: Tensor, values: Tensor) -> None:
+        if values.dim() != 2 or values.size(1) != self.sums.size(1) or values.size(0) != index.numel():
+            raise ValueError(f"values {tuple(values.shape)} must be (len(index)={index.numel()}, "
+                             f"width={self.sums.size(1)})")
+        self.sums.index_add_(0, index.to(self.sums.device), values.to(self.sums))
 
     def compute(self) -> Tensor:
-        return self.nll_sum / self.count
-
-    def perplexity(self) -> Tensor:
-        """``exp(mean NLL)``; NaN before any token was scored."""
-        return self.compute().exp()
-
-
-class PositionNLL(_SumStateMetric):
-    """Mean NLL (nats) at each position 0..max_len-1 of the input sequence.
-
-    Position t is the prediction of token t+1 from the t+1 tokens 0..t (targets are the inputs shifted by
-    one), so the curve shows how the loss changes as the context grows. ``update(logits, targets, mask,
-    offset)`` scores columns as positions ``offset..offset+T-1``, so a caller may feed a long sequence's
-    logits in chunks. ``compute()`` returns (max_len,) float64 with NaN at positions never scored.
-    """
-
-    higher_is_better = False
-
-    def __init__(self, max_len: int, ignore_index: int = -100, **kwargs) -> None:
-        super().__init__(**kwargs)
-        if max_len < 1:
-            raise ValueError(f"max_len={max_len} must be >= 1")
-        self.max_len = max_len
-        self.ignore_index = ignore_index
-        self._add_sum_state("nll_sum", (max_len,))
-        self._add_sum_state("count", (max_len,))
-
-    def update(self, logits: Tensor, targets: Tensor, mask: Tensor | None = None, offset: int = 0) -> None:
-        T = targets.size(-1)
-        if offset < 0 or offset + T > self.max_len:
-            raise ValueError(f"positions {offset}..{offset + T - 1} are outside 0..{self.max_len - 1} (max_len)")
-        nll, scored = token_nll(logits, targets, mask, self.ignore_index)
-        self.nll_sum[offset:offset + T] += nll.sum(0, dtype=torch.float64)
-        self.count[offset:offset + T] += scored.sum(0)
-
-    def compute(self) -> Tensor:
-        return _mean_or_nan(self.nll_sum, self.count)
-
-    def bucketed(self, edges: Tensor) -> Tensor:
-        """Token-weighted mean NLL per position bucket (see ``position_buckets``): (len(edges) - 1,)."""
-        return bucket_mean(self.nll_sum, self.count, edges)
+        return self.sums
 
 
 class AttentionEntropy(_SumStateMetric):

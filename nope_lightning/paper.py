@@ -1,4 +1,5 @@
-"""The papers' published numbers that the report prints beside ours (never used in any computation).
+"""The papers' published numbers that the report prints beside ours (never used in any computation), and
+paper 001's claims as rules our numbers are tested against (``CLAIMS``; computed by ``claims.py``).
 
 Paper 001 (Wang, Ji et al. 2024), TinyLlama-1.1B at L = 2K. Table 2: sliding-window PPL (S = 256) on PG19
 and Proof-pile at 2K/4K/8K/16K, i.e. 1x/2x/4x/8x the training length — the columns we compare with our
@@ -6,6 +7,9 @@ and Proof-pile at 2K/4K/8K/16K, i.e. 1x/2x/4x/8x the training length — the col
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 INF = float("inf")
 MULTIPLES = (1, 2, 4, 8)
@@ -54,3 +58,106 @@ SYNTHETIC_MRR = {"nope": 0.69, "t5": 0.55, "alibi": 0.50, "rope": 0.33, "learned
 def fmt(value: float) -> str:
     """A PPL as the paper prints it (``>1e3`` above a thousand)."""
     return ">1e3" if value > 1000 else f"{value:.1f}"
+
+
+# --- paper 001's claims as testable rules ----------------------------------------------------------------
+
+#: The smallest effect we call an effect on a perplexity: 2 % (0.0198 nats of log-PPL), about the paired
+#: interval half-width of one small-recipe evaluation (README, "How much evaluation data").
+PPL_EFFECT = math.log(1.02)
+
+
+@dataclass(frozen=True)
+class Precondition:
+    """What must hold before a claim can be tested at all (else its verdict is *untestable*).
+
+    ``passkey_at_least``: every method in ``methods`` retrieves at least ``value`` of its passkeys at
+    ``multiple`` x L (a retrieval claim means nothing for a model that cannot retrieve in distribution);
+    ``tables_differ``: the two methods' per-head temperature tables differ somewhere by at least ``value`` (an
+    ablation that converged to the full method's table tests nothing); ``gap_positive``: the first method's
+    log-PPL rises from 1x to ``multiple`` x by an interval that excludes 0 (a repair needs something to repair).
+    """
+
+    kind: str
+    methods: tuple[str, ...]
+    value: float = 0.0
+    multiple: int = 1
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of paper 001 as a rule our numbers can fail.
+
+    ``test`` names how the effect is computed (``nope_lightning.claims`` implements each) from the methods
+    (pipeline step labels) at ``multiples`` of L; the claim holds when the effect is on ``side`` of
+    ``threshold`` (``above``, ``below``, or ``within`` +-threshold). Verdicts (``claims.verdict``): *reproduced*
+    when the pooled interval clears the threshold and every seed's estimate is on that side, *not reproduced*
+    when the interval excludes the effect, *inconclusive* otherwise, *untestable* when a precondition fails.
+    """
+
+    id: str
+    text: str
+    paper: str
+    test: str
+    methods: tuple[str, ...]
+    multiples: tuple[int, ...] = ()
+    threshold: float = 0.0
+    side: str = "above"
+    unit: str = "nats"
+    preconditions: tuple[Precondition, ...] = ()
+
+    @property
+    def rule(self) -> str:
+        """The rule in words, e.g. ``effect >= 0.0198 nats``."""
+        if self.side == "within":
+            return f"|effect| <= {self.threshold:.3g} {self.unit}"
+        return f"effect {'>=' if self.side == 'above' else '<='} {self.threshold:.3g} {self.unit}"
+
+
+_HEADSCALE_RETRIEVES = Precondition("passkey_at_least", ("headscale 4x",), 0.5, 1)
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("nope_matches_rope_in_distribution", "NoPE is on par with RoPE within L (log-PPL at 1x within 10 %)",
+          "14.6 vs 14.5", "log_ppl_difference", ("nope", "rope"), (1, 1), math.log(1.1), "within"),
+    Claim("nope_degrades_later", "NoPE degrades later than RoPE: its log-PPL rises less from 1x to 2x",
+          "x22 vs x34 (PPL)", "log_ppl_rise_difference", ("nope", "rope"), (1, 2), PPL_EFFECT),
+    Claim("nope_breaks_past_L", "NoPE breaks down past L: per-position PPL over [4L, 8L) >= 1.5 x its [0, L) value",
+          "> 10^3 at 4x", "position_ratio", ("nope",), (4, 8), math.log(1.5)),
+    Claim("uniform_repairs_2x", "a uniform temperature repairs 2x: it closes >= 50 % of NoPE's 1x -> 2x log-PPL gap",
+          "326.9 -> 16.0 (lambda 1.2; 14.6 at 1x)", "gap_closed", ("nope", "nope lambda=best@2x"), (1, 2), 0.5,
+          unit="of the gap", preconditions=(Precondition("gap_positive", ("nope",), multiple=2),)),
+    Claim("large_temperature_hurts_1x", "a larger temperature hurts in distribution: lambda 1.5 raises 1x PPL",
+          "14.6 -> 19.0", "log_ppl_difference", ("nope lambda=1.5", "nope"), (1, 1), PPL_EFFECT),
+    Claim("headscale_beats_uniform_4x", "HeadScale beats the best uniform temperature at 4x (log-PPL at 4x)",
+          "21.1 vs 45.3 (lambda 1.5)", "log_ppl_difference", ("nope lambda=best@4x", "headscale 4x"), (4, 4),
+          PPL_EFFECT),
+    Claim("lower_entropy_lower_ppl", "in the NoPE family, lower attention entropy past L goes with lower log-PPL "
+          "past L (Spearman rank correlation over methods, positions [L, 8L))",
+          "entropy rises toward log i where PPL fails; scaling re-concentrates it", "entropy_correlation",
+          ("nope", "nope lambda=1.2", "nope lambda=1.5", "nope lambda=best@2x", "nope lambda=best@4x",
+           "headscale 2x", "headscale 4x", "headscale 4x w/o init", "headscale 4x w/o constraint"),
+          (1, 8), 0.0, unit="(rank correlation)"),
+    Claim("nope_retrieves_past_L", "NoPE retrieves the passkey past L where RoPE does not (accuracy at 2x)",
+          "Fig 6: NoPE > RoPE past L", "passkey_difference", ("nope", "rope"), (2,), 0.1, unit="(accuracy)",
+          preconditions=(Precondition("passkey_at_least", ("nope", "rope"), 0.5, 1),)),
+    Claim("no_init_loses_retrieval", "HeadScale without its init retrieves less (mean passkey accuracy over lengths)",
+          "81 % vs 26 %", "passkey_difference", ("headscale 4x", "headscale 4x w/o init"), (), 0.1,
+          unit="(accuracy)", preconditions=(_HEADSCALE_RETRIEVES,
+                                            Precondition("tables_differ", ("headscale 4x", "headscale 4x w/o init"),
+                                                         0.01))),
+    Claim("no_constraint_loses_retrieval", "HeadScale without its focus constraint retrieves less (mean passkey "
+          "accuracy over lengths)", "81 % vs 53 %", "passkey_difference",
+          ("headscale 4x", "headscale 4x w/o constraint"), (), 0.1, unit="(accuracy)",
+          preconditions=(_HEADSCALE_RETRIEVES,
+                         Precondition("tables_differ", ("headscale 4x", "headscale 4x w/o constraint"), 0.01))),
+    Claim("best_temperature_above_one", "the best uniform temperature past L is above 1 (at 2x, chosen on "
+          "validation data)", "1.2 at 2x", "best_temperature", ("search_nope",), (2,), 1.0,
+          unit="(lambda, x 1/sqrt(d))"),
+    Claim("best_temperature_rises", "the best uniform temperature rises with length (8x minus 2x, validation)",
+          "1.2 / 1.5 / 1.8 at 2x / 4x / 8x", "best_temperature_rise", ("search_nope",), (2, 8), 0.0,
+          unit="(lambda)"),
+    Claim("log_fit", "the per-position best temperature fits lambda = 1 + a ln s (R^2 of the fit past L)",
+          "a = 0.30 / 0.40, R^2 = 0.995 / 0.977", "log_fit_r2", ("search_nope",), (), 0.5, unit="(R^2)"),
+)
+
+CLAIMS_BY_ID = {claim.id: claim for claim in CLAIMS}

@@ -13,14 +13,15 @@ problem raises one ``ValueError`` with one line per problem, each naming its ste
 
 from __future__ import annotations
 
-import difflib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from nope_lightning.config import DataConfig, PipelineConfig, PipelineStep, PretrainConfig, TrainerConfig
+from nope_lightning.config import DataConfig, PipelineConfig, PretrainConfig, TrainerConfig
 from nope_lightning.eval.longctx import answer_tokens
-from nope_lightning.stages.pipeline import REFERENCE, step_config
+from nope_lightning.progress import pipeline_line
+from nope_lightning.steps import Instance, expand, reference_problems, step_config
 
 PARENT = "dry-run-parent"  # the parent run id the step configs are nested under (no run is created)
 
@@ -52,47 +53,54 @@ class Placeholders(dict):
 
 
 def placeholder(step: str, key: str, kind: type) -> Any:
+    """``1`` / ``1.0`` for numbers, ``dry-run-<instance>`` for a run id, ``dry-run/<instance>/<key>`` for paths
+    (the instance id's brackets and commas made path- and override-safe)."""
     if kind is not str:
         return kind(1)
-    return f"dry-run-{step}" if key == "run_id" else f"dry-run/{step}/{key}"
+    name = re.sub(r"[^\w.-]+", "-", step).strip("-")
+    return f"dry-run-{name}" if key == "run_id" else f"dry-run/{name}/{key}"
 
 
-def plan(cfg: PipelineConfig) -> dict[str, Any]:
-    """The dry run: the plan of ``cfg`` as a JSON-able dict; ``ValueError`` listing every problem, one a line."""
-    from nope_lightning.stages.pipeline import _progress
-
-    order = [step.id for step in cfg.steps]
+def plan(cfg: PipelineConfig, quiet: bool = False) -> dict[str, Any]:
+    """The dry run: the plan of ``cfg`` as a JSON-able dict, one entry per instance (step x seed x matrix
+    point); ``ValueError`` listing every problem, one a line. ``quiet``: no progress lines (the real run checks
+    its file this way before any compute)."""
+    references = reference_problems(cfg)
     results: dict[str, dict] = {}
     models: dict[str, Model] = {}  # run id placeholder -> the model that run exports
+    instances = expand(cfg)
     steps = []
-    for number, step in enumerate(cfg.steps, 1):
-        entry = plan_step(step, cfg, order, results, models)
+    for number, instance in enumerate(instances, 1):
+        entry = plan_step(instance, cfg, references[instance.step.id], results, models)
         steps.append(entry)
-        status = "; ".join(entry["problems"]) or "ok"
-        _progress(f"[{number}/{len(cfg.steps)}] {step.stage} {step.id}: dry run: {status}")
-    problems = [f"step {s['id']}: {p}" for s in steps for p in s["problems"]]
+        if not quiet:
+            status = "; ".join(entry["problems"]) or "ok"
+            pipeline_line(f"[{number}/{len(instances)}] {instance.step.stage} {instance.id}: dry run: {status}")
+    problems = list(dict.fromkeys(f"step {s['id']}: {p}" for s in steps for p in s["problems"]))
     if problems:
         raise ValueError(f"dry run of pipeline {cfg.name!r}: {len(problems)} problem(s):\n" + "\n".join(problems))
-    return {"name": cfg.name, "dry_run": True, "steps": steps, "report": cfg.report,
+    return {"name": cfg.name, "dry_run": True, "seeds": list(cfg.seeds), "matrix": dict(cfg.matrix),
+            "claims": list(cfg.claims), "steps": steps, "report": cfg.report,
             "training_tokens": sum(s["training_tokens"] for s in steps), "problems": []}
 
 
-def plan_step(step: PipelineStep, cfg: PipelineConfig, order: list[str], results: dict[str, dict],
+def plan_step(instance: Instance, cfg: PipelineConfig, references: list[str], results: dict[str, dict],
               models: dict[str, Model]) -> dict[str, Any]:
-    """One step's plan entry; records its placeholder results (and the model it trains) for the later steps."""
-    entry: dict[str, Any] = {"id": step.id, "stage": step.stage, "label": step.label, "model": None,
-                             "lengths": {}, "training_tokens": 0, "data": None, "notes": [], "problems": []}
-    entry["problems"] = reference_problems(step, order)
+    """One instance's plan entry; records its placeholder results (and the model it trains) for the later ones."""
+    step = instance.step
+    entry: dict[str, Any] = {"id": instance.id, "stage": step.stage, "label": step.label, "model": None,
+                             "lengths": {}, "training_tokens": 0, "data": None, "notes": [],
+                             "problems": list(references)}
     if not entry["problems"]:
         try:
-            stage_cfg = step_config(step, cfg, results, PARENT)
+            stage_cfg = step_config(instance, cfg, results, PARENT)
         except (ValueError, FileNotFoundError) as err:
             entry["problems"].append(str(err).splitlines()[0])
     if entry["problems"]:
-        results[step.id] = Placeholders(step.id, None)
+        results[instance.id] = Placeholders(instance.id, None)
         return entry
     checkpoint = stage_cfg.base.checkpoint if step.stage == "headscale-search" else getattr(stage_cfg, "checkpoint", "")
-    model = Model(step.id, stage_cfg) if step.stage == "pretrain" else models.get(run_id_of(checkpoint))
+    model = Model(instance.id, stage_cfg) if step.stage == "pretrain" else models.get(run_id_of(checkpoint))
     if model is not None:
         size = f"{model.cfg.model.n_layer} layers x {model.cfg.model.n_embd}, {model.cfg.model.n_head} heads"
         entry["model"] = {"from": model.step, "pos_encoding": model.cfg.model.pos_encoding, "size": size,
@@ -102,29 +110,10 @@ def plan_step(step: PipelineStep, cfg: PipelineConfig, order: list[str], results
         entry["notes"].append(f"checkpoint {checkpoint} is not trained by this file: its lengths are unchecked")
     check = CHECKS.get(step.stage)
     keys = check(stage_cfg, model, entry) if check else RESULTS.get(step.stage)
-    results[step.id] = Placeholders(step.id, keys)
+    results[instance.id] = Placeholders(instance.id, keys)
     if step.stage in ("pretrain", "finetune") and model is not None:
-        models[results[step.id]["run_id"]] = Model(step.id, model.cfg)
+        models[results[instance.id]["run_id"]] = Model(instance.id, model.cfg)
     return entry
-
-
-def reference_problems(step: PipelineStep, order: list[str]) -> list[str]:
-    """One line per ``@{step.key}`` of ``step`` that does not name an earlier step (the real run would only
-    find out when it got there)."""
-    here, problems = order.index(step.id), []
-    for override in step.overrides:
-        for ref, key in REFERENCE.findall(override):
-            where = f"@{{{ref}.{key}}}"
-            if ref == step.id:
-                problems.append(f"{where} refers to this step itself; a step can use only earlier steps' results")
-            elif ref in order and order.index(ref) > here:
-                problems.append(f"{where} refers to step {ref!r}, which runs later (steps run in file order): "
-                                f"move {ref!r} before {step.id!r}")
-            elif ref not in order:
-                close = difflib.get_close_matches(ref, order, n=1)
-                hint = f"did you mean {close[0]!r}? " if close else ""
-                problems.append(f"{where}: no step {ref!r} in this file; {hint}steps: {', '.join(order)}")
-    return problems
 
 
 def run_id_of(checkpoint: str) -> str:
@@ -202,24 +191,24 @@ def plan_pretrain(cfg: PretrainConfig, model: Model, entry: dict) -> dict[str, t
 
 def plan_evaluate(cfg, model: Model | None, entry: dict) -> dict[str, type] | None:
     """Lengths as ``evaluate`` picks them, each plus its generation budget against ``max_positions``."""
-    if not cfg.eval_lengths and model is None:
+    if model is None and (cfg.eval_lengths is None or (cfg.passkey_keys and cfg.passkey_lengths is None)):
         entry["notes"].append("eval_lengths default to multiples of the external model's train_len: unchecked")
         return None
-    lengths = sorted(cfg.eval_lengths or [model.cfg.train_len * m for m in (1, 2, 4, 8)])
-    passkey = sorted(cfg.passkey_lengths or lengths)
+    train_len = model.cfg.train_len if model is not None else 0
+    lengths, passkey = cfg.perplexity_lengths(train_len), cfg.passkey_lengths_for(train_len)
     longctx = max((answer_tokens(t) for t in cfg.longctx_tasks), default=0) + 1 if cfg.longctx_samples else 0
     entry["lengths"] = {"eval": lengths, "passkey": passkey, "max_new_tokens": cfg.max_new_tokens,
                         "longctx_new_tokens": longctx}
     if model is not None:
         limit = model.cfg.model.max_positions
         # evaluate refuses any length + max_new_tokens past the limit; long-context prompts add BOS + answer.
-        needed = max(max(lengths), max(passkey)) + cfg.max_new_tokens
-        needed = max(needed, max(passkey) + longctx)
+        needed = max([*lengths, *passkey], default=0) + cfg.max_new_tokens
+        needed = max(needed, max(passkey, default=0) + longctx)
         if needed > limit:
             entry["problems"].append(f"evaluation needs {needed} positions (longest length + generated tokens), "
                                      f"over max_positions={limit} of the model step {model.step!r} trains; shorten "
                                      f"eval_lengths/passkey_lengths or raise model.max_positions there")
-        if not cfg.corpora:
+        if not cfg.corpora and lengths:
             check_documents(entry, model.cfg.data, cfg.split, max(lengths))
     if cfg.longbench_files or cfg.harness_tasks:
         return None  # their metric names come from the tasks themselves
@@ -233,7 +222,7 @@ def evaluate_keys(cfg, lengths: list[int], passkey: list[int]) -> dict[str, type
     prefixes = [cfg.split, *(f"{cfg.split}/{corpus_label(c)}" for c in cfg.corpora[1:])]
     keys: dict[str, type] = {"run_id": str}
     keys.update({f"{p}/len{n}/{m}": float for p in prefixes for n in lengths for m in ("ppl", "loss")})
-    if cfg.entropy_windows:
+    if cfg.entropy and cfg.position_windows:
         keys.update({f"{cfg.split}/len{n}/entropy": float for n in lengths})
     if cfg.passkey_keys:
         depths = [round(100 * i / cfg.passkey_depths) for i in range(cfg.passkey_depths)]

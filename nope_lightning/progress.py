@@ -78,3 +78,8 @@ class StepProgressBar(TQDMProgressBar):
         shown = ", ".join(f"{k}={Tqdm.format_num(v)}" for k, v in metrics.items())
         print(f"train {step}/{total} ({100 * step // total}%) {_tqdm.format_interval(elapsed)} elapsed, "
               f"ETA {_tqdm.format_interval(eta)}" + (f", {shown}" if shown else ""), file=sys.stderr, flush=True)
+
+
+def pipeline_line(line: str) -> None:
+    """One progress line of a pipeline (or its dry run) on stderr: ``pipeline [3/23] evaluate eval_nope: …``."""
+    print(f"pipeline {line}", file=sys.stderr, flush=True)

@@ -30,9 +30,14 @@ from __future__ import annotations
 import random
 import re
 import string
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from tqdm.auto import tqdm
+
+from nope_lightning.config import EvaluateConfig
+from nope_lightning.eval.generate import greedy_generate
 from nope_lightning.eval.longbench import count_score, retrieval_score
 from nope_lightning.eval.passkey import TextTokenizer, score_passkey
 
@@ -178,7 +183,7 @@ def _numbers(rng: random.Random, n: int) -> list[str]:
 
 
 def multikey_retrieval(tokenizer: TextTokenizer, documents: Sequence[str], length: int, num_samples: int,
-                       num_keys: int = 4, seed: int = 0) -> list[LongContextSample]:
+                       num_keys: int = 4, seed: int | str = 0) -> list[LongContextSample]:
     """Several named pass keys hidden in real text; the prompt asks for one. Exactly ``length`` tokens."""
     if num_keys < 1:
         raise ValueError(f"num_keys={num_keys} must be >= 1")
@@ -198,7 +203,7 @@ def multikey_retrieval(tokenizer: TextTokenizer, documents: Sequence[str], lengt
 
 
 def variable_tracking(tokenizer: TextTokenizer, documents: Sequence[str], length: int, num_samples: int,
-                      num_chains: int = 2, num_hops: int = 4, seed: int = 0) -> list[LongContextSample]:
+                      num_chains: int = 2, num_hops: int = 4, seed: int | str = 0) -> list[LongContextSample]:
     """RULER's variable tracking: chains of ``VAR`` assignments in real text. Exactly ``length`` tokens."""
     if num_chains < 1 or num_hops < 0:
         raise ValueError(f"num_chains={num_chains} must be >= 1 and num_hops={num_hops} >= 0")
@@ -248,7 +253,7 @@ class _NumberedParagraphs:
 
 
 def passage_retrieval(tokenizer: TextTokenizer, documents: Sequence[str], length: int, num_samples: int,
-                      seed: int = 0, min_words: int = 30, max_words: int = 150) -> list[LongContextSample]:
+                      seed: int | str = 0, min_words: int = 30, max_words: int = 150) -> list[LongContextSample]:
     """Which numbered paragraph was a sentence copied from? As many paragraphs as fit in ``length``."""
     rng = random.Random(seed)
     texts = split_paragraphs(documents, min_words, max_words)
@@ -275,7 +280,7 @@ def passage_retrieval(tokenizer: TextTokenizer, documents: Sequence[str], length
 
 
 def passage_count(tokenizer: TextTokenizer, documents: Sequence[str], length: int, num_samples: int,
-                  seed: int = 0, max_copies: int = 3, min_words: int = 30,
+                  seed: int | str = 0, max_copies: int = 3, min_words: int = 30,
                   max_words: int = 150) -> list[LongContextSample]:
     """How many different paragraphs among numbered ones with duplicates? As many as fit in ``length``."""
     if max_copies < 1:
@@ -322,3 +327,39 @@ def _query_sentence(paragraph: str, rng: random.Random) -> str:
     sentences = re.split(r"(?<=[.!?])\s+", paragraph)
     long_enough = [s for s in sentences if len(s.split()) >= 6]
     return rng.choice(long_enough) if long_enough else max(sentences, key=len)
+
+
+#: The tasks by ``EvaluateConfig.longctx_tasks`` name.
+TASKS = {"multikey_retrieval": multikey_retrieval, "variable_tracking": variable_tracking,
+         "passage_retrieval": passage_retrieval, "passage_count": passage_count}
+
+
+def task_samples(tokenizer: TextTokenizer, documents: list[str], lengths: list[int], cfg: EvaluateConfig) -> dict:
+    """``evaluate``'s long-context samples: ``{"samples": {(task, length): [...]}, "skipped": {...}}`` built from
+    the split's documents and seeded by the split (``<split>-<seed>``). A task whose fixed parts do not fit a
+    (short) length is skipped for that length with one line on stderr, and listed under ``skipped``."""
+    tasks, skipped = {}, {}
+    for task in cfg.longctx_tasks:
+        for length in lengths:
+            try:
+                tasks[task, length] = TASKS[task](tokenizer, documents, length, cfg.longctx_samples,
+                                                  seed=f"{cfg.split}-{cfg.seed}")
+            except ValueError as err:
+                skipped[f"{task}/len{length}"] = str(err)
+                print(f"evaluate: long-context task {task} skipped at length {length}: {err}", file=sys.stderr)
+    return {"samples": tasks, "skipped": skipped}
+
+
+def run_tasks(model, tokenizer, tasks: dict, cfg: EvaluateConfig) -> tuple[dict, dict[str, float]]:
+    """Greedy answers to the long-context samples: ``(results, metrics)`` with the mean score in [0, 1] per
+    task x length."""
+    metrics, scores = {}, {}
+    for (task, length), samples in tqdm(tasks["samples"].items(), desc="long-context tasks", leave=False):
+        new = max(s.max_new_tokens for s in samples)
+        # BOS first, as every training document starts (NoPE models lean on it to count positions).
+        generated = greedy_generate(model, [[tokenizer.bos_id, *s.prompt_ids] for s in samples], new,
+                                    cfg.batch_size, tokenizer.vocab_size)
+        score = sum(s.score(tokenizer.decode(g)) for s, g in zip(samples, generated, strict=True)) / len(samples)
+        metrics[f"longctx/{task}/len{length}/score"] = score
+        scores.setdefault(task, {})[length] = score
+    return {"longctx": scores, "longctx_skipped": tasks["skipped"]}, metrics

@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import random
 import re
-from collections import defaultdict
+import sys
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import cycle
 from typing import Protocol
 
-from nope_lightning.config import PASSKEY_PROMPTS
+from nope_lightning.config import PASSKEY_PROMPTS, EvaluateConfig
+from nope_lightning.eval.generate import greedy_generate
+from nope_lightning.stats import wilson
 
 TASK_LINE = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
              "I will quiz you about the important information there.")
@@ -151,9 +154,11 @@ class PasskeyPromptBuilder:
 
 
 def make_passkey_samples(tokenizer: TextTokenizer, lengths: Iterable[int],
-                         depths: Sequence[float] = DEFAULT_DEPTHS, keys_per_cell: int = 10, seed: int = 0,
+                         depths: Sequence[float] = DEFAULT_DEPTHS, keys_per_cell: int = 10, seed: int | str = 0,
                          prefix_ids: Sequence[int] = (), prompt: str = "reference") -> list[PasskeySample]:
-    """The grid lengths x depths x ``keys_per_cell`` random keys (10000-99999), deterministic in ``seed``.
+    """The grid lengths x depths x ``keys_per_cell`` random keys (10000-99999), deterministic in ``seed`` (an
+    int, or a string such as ``"test-1234"``: ``evaluate`` derives it from the split, so the prompts a
+    selection on ``val`` sees are never the ones a report on ``test`` shows).
 
     The paper uses 10 depths x 10 keys per length. Samples are ordered by length, then depth, then key.
     """
@@ -176,6 +181,21 @@ def score_passkey_tokens(generated_ids: Sequence[int], key_ids: Sequence[int]) -
     ids the prompt holds at ``key_token_start``): an exact match, where the first-integer check would also
     pass a longer number or a key given with extra digits split off."""
     return list(generated_ids[: len(key_ids)]) == list(key_ids)
+
+
+def answer_passkeys(model, tokenizer, samples: Sequence[PasskeySample], max_new_tokens: int,
+                    batch_size: int) -> list[bool]:
+    """Greedy answers (KV-cached), one batch per length, to ``samples``; ``correct[i]`` for ``samples[i]`` is an
+    exact match of the key's tokens (``score_passkey_tokens``: a longer number or a stray digit fails, unlike
+    a first-integer check)."""
+    correct = [False] * len(samples)
+    for length in sorted({s.length for s in samples}):
+        rows = [i for i, s in enumerate(samples) if s.length == length]
+        generated = greedy_generate(model, [samples[i].input_ids for i in rows], max_new_tokens, batch_size,
+                                    tokenizer.vocab_size)
+        for i, ids in zip(rows, generated, strict=True):
+            correct[i] = score_passkey_tokens(ids, tokenizer.encode(f" {samples[i].key}"))
+    return correct
 
 
 @dataclass(frozen=True)
@@ -210,3 +230,31 @@ def passkey_accuracy(samples: Sequence[PasskeySample], correct: Sequence[bool]) 
 
 def _mean(values: Sequence[bool]) -> float:
     return sum(values) / len(values)
+
+
+def passkey_samples(tokenizer, lengths: list[int], cfg: EvaluateConfig) -> list[PasskeySample]:
+    """``evaluate``'s passkey grid: lengths x ``passkey_depths`` depths (0, 1/n, ...) x ``passkey_keys`` keys, BOS
+    first, the keys drawn from the split (``<split>-<seed>``); lengths that cannot hold the prompt's fixed parts
+    are skipped with one warning line."""
+    shortest = PasskeyPromptBuilder(tokenizer, [tokenizer.bos_id], cfg.passkey_prompt).min_length()
+    fitting = [n for n in lengths if n >= shortest]
+    if len(fitting) < len(lengths):
+        print(f"evaluate: passkey skipped at lengths {[n for n in lengths if n < shortest]}: the "
+              f"{cfg.passkey_prompt} prompt needs {shortest} tokens", file=sys.stderr)
+    depths = [i / cfg.passkey_depths for i in range(cfg.passkey_depths)]
+    return make_passkey_samples(tokenizer, fitting, depths, cfg.passkey_keys, f"{cfg.split}-{cfg.seed}",
+                                [tokenizer.bos_id], cfg.passkey_prompt)
+
+
+def run_passkey(model, tokenizer, samples: list[PasskeySample], cfg: EvaluateConfig) -> tuple[dict, dict[str, float]]:
+    """``evaluate``'s passkey part: ``(results, metrics)`` with the accuracy per length (and its Wilson
+    interval), per (length, depth), and every prompt's outcome (the report pairs methods on the same prompts)."""
+    correct = answer_passkeys(model, tokenizer, samples, cfg.max_new_tokens, cfg.batch_size)
+    accuracy = passkey_accuracy(samples, correct)
+    counts = Counter(s.length for s in samples)
+    intervals = {n: wilson(round(acc * counts[n]), counts[n]) for n, acc in accuracy.by_length.items()}
+    section = {"prompt": cfg.passkey_prompt, "by_length": accuracy.by_length, "overall": accuracy.overall,
+               "by_length_interval": {n: [i.low, i.high] for n, i in intervals.items()},
+               "by_cell": [[length, depth, acc] for (length, depth), acc in accuracy.by_cell.items()],
+               "samples": [[s.length, s.depth, s.key, bool(ok)] for s, ok in zip(samples, correct, strict=True)]}
+    return {"passkey": section}, accuracy.metrics("passkey")

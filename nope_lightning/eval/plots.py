@@ -40,18 +40,24 @@ def method_style(label: str) -> dict:
             "markersize": 5}
 
 
-def position_curves(logppl: Mapping[str, tuple[Sequence[float], Sequence[float]]],
-                    entropy: Mapping[str, tuple[Sequence[float], Sequence[float]]], train_len: int,
+Curve = tuple[Sequence[float], ...]
+
+
+def position_curves(logppl: Mapping[str, Curve], entropy: Mapping[str, Curve], train_len: int,
                     bound: tuple[Sequence[float], Sequence[float]] | None = None, title: str = ""):
     """Fig 1 style: log-PPL (top) and mean attention entropy in nats (bottom) vs position, per method.
 
-    Each mapping is ``label -> (positions, values)``; the training length is marked by a dashed line and
-    ``bound`` (positions, log i) is drawn as the entropy upper bound.
+    Each mapping is ``label -> (positions, values)`` or ``(positions, values, low, high)``, whose interval is
+    drawn as a shaded band; the training length is marked by a dashed line and ``bound`` (positions, log i) is
+    drawn as the entropy upper bound.
     """
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     for ax, curves in ((top, logppl), (bottom, entropy)):
-        for label, (x, y) in curves.items():
-            ax.plot(x, y, label=label, linewidth=1.2, alpha=0.9, **method_style(label))
+        for label, (x, y, *band) in curves.items():
+            style = method_style(label)
+            ax.plot(x, y, label=label, linewidth=1.2, alpha=0.9, **style)
+            if band:
+                ax.fill_between(x, band[0], band[1], color=style["color"], alpha=0.15, linewidth=0)
     if bound is not None:
         bottom.plot(*bound, color="gray", linestyle=":", label="log i (uniform attention)")
     for ax, ylabel in ((top, "log-PPL (nats/token)"), (bottom, "attention entropy (nats)")):

@@ -1,0 +1,153 @@
+"""Intervals for every number the report compares: Wilson for proportions, Student t across seeds, and a
+stratified, vectorised percentile bootstrap for everything computed from sums over resampling units.
+
+Resampling units are what make the data independent enough to resample: blocks of consecutive evaluation
+windows (perplexity), whole windows (per-position curves, attention entropy), prompts (passkey). Every unit
+holds a row of *sums* (e.g. NLL summed over its tokens, and its token count), so a resample is a vector of
+multinomial counts ``c`` and the resampled sums are ``c @ rows``: one matrix product gives all resamples.
+A statistic maps the column sums to a number (a log-PPL, a paired difference of log-PPLs, a share of a gap, a
+rank correlation over methods...), so ratio statistics are bootstrapped as ratios of sums, never as means of
+per-unit ratios.
+
+Strata are seeds. Each seed's units are resampled within that seed, and the statistic sees one row of sums per
+seed; "pooled" estimates average a per-seed effect over the seeds (each seed weighs the same), so the pooled
+interval measures the evaluation-data noise of the seeds we ran, and the spread between seeds is reported
+separately (per-seed estimates, and a t interval across seeds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+from nope_lightning.config import MIN_RESAMPLES
+
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with a two-sided interval at ``level``; ``per_seed`` holds one estimate per stratum
+    when the statistic was computed seed by seed (empty otherwise)."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float = LEVEL
+    per_seed: tuple[float, ...] = ()
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def to_dict(self) -> dict:
+        return {"estimate": self.estimate, "low": self.low, "high": self.high, "level": self.level,
+                "per_seed": list(self.per_seed)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Interval:
+        return cls(d["estimate"], d["low"], d["high"], d.get("level", LEVEL), tuple(d.get("per_seed", ())))
+
+
+def wilson(successes: int, trials: int, level: float = LEVEL) -> Interval:
+    """Wilson score interval of a proportion (Wilson 1927): well behaved at 0 and 1, unlike the normal one."""
+    if trials <= 0:
+        raise ValueError("a proportion needs at least one trial")
+    z = scipy_stats.norm.ppf(0.5 + level / 2)
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    spread = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    return Interval(p, max(0.0, centre - spread), min(1.0, centre + spread), level)
+
+
+def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
+    """Mean of ``values`` (one per seed) with Student's t interval; a single value has no interval (NaN
+    bounds): the spread between seeds cannot be estimated from one seed."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("t_interval needs at least one value")
+    mean = float(x.mean())
+    if x.size == 1:
+        return Interval(mean, math.nan, math.nan, level, (mean,))
+    half = scipy_stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
+    return Interval(mean, mean - half, mean + half, level, tuple(x.tolist()))
+
+
+Statistic = Callable[[np.ndarray], np.ndarray]
+
+
+def bootstrap(strata: Sequence[np.ndarray], statistic: Statistic, resamples: int = 1000, seed: int = 0,
+              level: float = LEVEL) -> Interval:
+    """Percentile bootstrap of ``statistic`` over units resampled within each stratum.
+
+    Args:
+        strata: one ``(units, k)`` float array per stratum (seed); each row is one resampling unit's sums.
+        statistic: maps column sums of shape ``(R, strata, k)`` to ``(R,)`` values (vectorised over R
+            resamples); it is also called on the full data as ``(1, strata, k)`` for the point estimate.
+        resamples: number of bootstrap resamples (>= ``MIN_RESAMPLES``).
+        seed: the resampling generator's seed (results are deterministic).
+
+    Returns:
+        The point estimate on all units, and the ``(1 - level) / 2`` and ``(1 + level) / 2`` percentiles of
+        the resampled values (NaN resamples, e.g. a ratio with a zero denominator, are dropped; all NaN gives
+        NaN bounds).
+    """
+    if resamples < MIN_RESAMPLES:
+        raise ValueError(f"bootstrap resamples={resamples} is too few: use >= {MIN_RESAMPLES}")
+    if not strata or any(s.ndim != 2 or s.shape[0] == 0 for s in strata):
+        raise ValueError("bootstrap needs at least one stratum, each a non-empty (units, k) array")
+    rng = np.random.default_rng(seed)
+    full = np.stack([s.sum(0) for s in strata])[None]
+    sums = np.stack([rng.multinomial(s.shape[0], np.full(s.shape[0], 1 / s.shape[0]), size=resamples) @ s
+                     for s in strata], axis=1)
+    values = np.asarray(statistic(sums), dtype=np.float64)
+    values = values[np.isfinite(values)]
+    estimate = float(np.asarray(statistic(full)).reshape(-1)[0])
+    if values.size == 0:
+        return Interval(estimate, math.nan, math.nan, level)
+    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return Interval(estimate, float(low), float(high), level)
+
+
+def per_seed_bootstrap(strata: Sequence[np.ndarray], statistic: Statistic, resamples: int = 1000, seed: int = 0,
+                       level: float = LEVEL) -> tuple[Interval, list[Interval]]:
+    """The pooled interval (``statistic`` averaged over seeds, strata resampled together) and one interval per
+    seed. ``statistic`` maps ``(R, 1, k)`` sums of ONE seed to ``(R,)``; the pooled value is its mean over
+    seeds. The pooled ``Interval`` carries the per-seed point estimates in ``per_seed``."""
+    def pooled(sums: np.ndarray) -> np.ndarray:
+        return np.mean([statistic(sums[:, i:i + 1]) for i in range(sums.shape[1])], axis=0)
+
+    each = [bootstrap([s], statistic, resamples, seed + i, level) for i, s in enumerate(strata)]
+    pool = bootstrap(strata, pooled, resamples, seed, level)
+    return (Interval(pool.estimate, pool.low, pool.high, level, tuple(e.estimate for e in each)), each)
+
+
+def blocks(values: np.ndarray, groups: np.ndarray, size: int) -> np.ndarray:
+    """Sum consecutive rows of ``values`` (units, k) into blocks of ``size`` rows that never span two
+    ``groups`` (documents): resampling blocks keeps the correlation between neighbouring windows inside a
+    unit. ``groups`` (units,) must be sorted so that a group's rows are contiguous."""
+    if size < 1:
+        raise ValueError(f"block size {size} must be >= 1")
+    starts = [i for i in range(len(groups)) if i == 0 or groups[i] != groups[i - 1]]
+    edges = [e for a, b in zip(starts, [*starts[1:], len(groups)], strict=True) for e in range(a, b, size)]
+    edges.append(len(groups))
+    return np.stack([values[a:b].sum(0) for a, b in zip(edges[:-1], edges[1:], strict=True)])
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Spearman rank correlation along the last axis: ``x``, ``y`` (..., n) -> (...,). Ties get average ranks;
+    a constant row gives NaN."""
+    def ranks(a: np.ndarray) -> np.ndarray:
+        return scipy_stats.rankdata(a, axis=-1)
+
+    rx, ry = ranks(np.asarray(x, dtype=np.float64)), ranks(np.asarray(y, dtype=np.float64))
+    rx = rx - rx.mean(-1, keepdims=True)
+    ry = ry - ry.mean(-1, keepdims=True)
+    denominator = np.sqrt((rx * rx).sum(-1) * (ry * ry).sum(-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (rx * ry).sum(-1) / denominator

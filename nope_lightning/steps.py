@@ -1,0 +1,198 @@
+"""An experiment file as runnable step instances, and what each instance's stage config is.
+
+The one home of step resolution: the pipeline runs the instances, its dry run (``plan.py``) checks them.
+An instance is one step of the file at one replicate seed and one matrix point: a file with ``seeds: [a, b]``
+and ``matrix: {n_layer: [2, 6]}`` runs every step four times, replicate by replicate, point by point, in file
+order. Inside an instance ``@{step.key}`` means that step's result *at the same seed and point*, ``@{seed}`` the
+replicate's seed and ``@{matrix.<key>}`` the point's value. Instance ids are the step id plus the point and
+seed, ``pretrain_nope[n_layer=2,seed=1234]``; without seeds and matrix they are the bare step ids, so files
+without either behave (and resume) exactly as before.
+
+Pre-training stages (``SEEDED_STAGES``) take the replicate's seed as ``seed=`` unless the step sets it; every
+other step keeps its own settings (HeadScale's data seed, the evaluation prompts), so across replicates only
+the pre-trained models differ and comparisons on the same prompts and tokens stay paired.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import itertools
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from nope_lightning.config import PipelineConfig, PipelineStep, flatten, to_dict, to_yaml
+from nope_lightning.run import get_stage, stage_config
+
+#: ``@{step.key}``, ``@{seed}`` and ``@{matrix.key}``.
+REFERENCE = re.compile(r"@\{([\w-]+)(?:\.([\w/.-]+))?\}")
+#: Stages that train from scratch: a replicate gives them its seed.
+SEEDED_STAGES = ("pretrain", "synthetic")
+#: Names a reference may use besides step ids.
+RESERVED = ("seed", "matrix")
+
+
+@dataclass(frozen=True)
+class Instance:
+    """``step`` at replicate ``seed`` (None: no ``seeds``) and matrix ``point`` ((key, value) pairs)."""
+
+    step: PipelineStep
+    seed: int | None
+    point: tuple[tuple[str, str], ...]
+
+    @property
+    def suffix(self) -> str:
+        """``[n_layer=2,seed=1234]``, or '' for a file without seeds and matrix."""
+        parts = [f"{k}={v}" for k, v in self.point] + ([f"seed={self.seed}"] if self.seed is not None else [])
+        return f"[{','.join(parts)}]" if parts else ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.step.id}{self.suffix}"
+
+    def of(self, step_id: str) -> str:
+        """The id of step ``step_id``'s instance at this instance's seed and point."""
+        return f"{step_id}{self.suffix}"
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """MLflow tags that place the run: its step, seed and matrix point."""
+        tags = {"pipeline_step": self.id, "step_id": self.step.id}
+        if self.seed is not None:
+            tags["seed"] = str(self.seed)
+        tags.update({f"matrix.{k}": v for k, v in self.point})
+        return tags
+
+
+def points(matrix: Mapping[str, list[str]]) -> list[tuple[tuple[str, str], ...]]:
+    """Every point of the grid, the first key varying slowest; ``[()]`` for no matrix."""
+    keys = list(matrix)
+    return [tuple(zip(keys, values, strict=True)) for values in itertools.product(*(matrix[k] for k in keys))]
+
+
+def runs_at(step: PipelineStep, point: tuple[tuple[str, str], ...]) -> bool:
+    values = dict(point)
+    return all(values[key] in allowed for key, allowed in step.only.items())
+
+
+def expand(cfg: PipelineConfig) -> list[Instance]:
+    """The instances of ``cfg`` in run order (replicate, then point, then file order)."""
+    return [Instance(step, seed, point) for seed in (cfg.seeds or [None]) for point in points(cfg.matrix)
+            for step in cfg.steps if runs_at(step, point)]
+
+
+def reference_problems(cfg: PipelineConfig) -> dict[str, list[str]]:
+    """``step id -> problems`` of its references: an unknown, later or self step, a step that does not run at
+    every point this one runs at, ``@{seed}`` without seeds, an unknown matrix key. Empty lists when fine."""
+    order = [step.id for step in cfg.steps]
+    problems: dict[str, list[str]] = {}
+    for here, step in enumerate(cfg.steps):
+        found = problems.setdefault(step.id, [])
+        for override in step.overrides:
+            for name, key in REFERENCE.findall(override):
+                where = f"@{{{name}{'.' + key if key else ''}}}"
+                if name == "seed":
+                    if not cfg.seeds:
+                        found.append(f"{where} needs a list of seeds (seeds: [...]) in the file")
+                elif name == "matrix":
+                    if key not in cfg.matrix:
+                        found.append(f"{where}: the file's matrix has no key {key!r} "
+                                     f"(keys: {', '.join(cfg.matrix) or 'none'})")
+                elif name == step.id:
+                    found.append(f"{where} refers to this step itself; a step can use only earlier steps' results")
+                elif name in order and order.index(name) > here:
+                    found.append(f"{where} refers to step {name!r}, which runs later (steps run in file order): "
+                                 f"move {name!r} before {step.id!r}")
+                elif name not in order:
+                    close = difflib.get_close_matches(name, order, n=1)
+                    hint = f"did you mean {close[0]!r}? " if close else ""
+                    found.append(f"{where}: no step {name!r} in this file; {hint}steps: {', '.join(order)}")
+                elif not key:
+                    found.append(f"{where} names a step but no result: write @{{{name}.<key>}}, e.g. "
+                                 f"@{{{name}.run_id}}")
+                else:
+                    missing = [p for p in points(cfg.matrix) if runs_at(step, p) and not runs_at(cfg.steps[
+                        order.index(name)], p)]
+                    if missing:
+                        found.append(f"{where}: step {name!r} does not run at matrix point "
+                                     f"{dict(missing[0])}, where {step.id!r} runs (its `only` is narrower)")
+    return problems
+
+
+def substitute(text: str, instance: Instance, results: Mapping[str, Mapping[str, Any]]) -> str:
+    """``text`` with ``@{seed}``, ``@{matrix.key}`` and ``@{step.key}`` (that step's result at the same seed and
+    point) replaced; a clear error for a result that is not there."""
+    def replace(match: re.Match) -> str:
+        name, key = match.groups()
+        if name == "seed":
+            return str(instance.seed)
+        if name == "matrix":
+            return dict(instance.point)[key]
+        other = instance.of(name)
+        if other not in results:
+            raise ValueError(f"@{{{name}.{key}}}: no earlier step {name!r} (steps run in file order)")
+        if key not in results[other]:
+            raise ValueError(f"@{{{name}.{key}}}: step {name!r} has no result {key!r} "
+                             f"(it has {', '.join(sorted(results[other]))})")
+        return str(results[other][key])
+
+    return REFERENCE.sub(replace, text)
+
+
+def step_config(instance: Instance, cfg: PipelineConfig, results: Mapping[str, Mapping[str, Any]], parent: str):
+    """The validated stage config of ``instance``: its YAML <- common overrides (where the key exists) <- the
+    replicate's seed (pre-training stages) <- its overrides with references resolved <- the pipeline's
+    tracking, nested under ``parent``, and a run name unique to the instance."""
+    step = instance.step
+    keys = set(flatten(defaults(get_stage(step.stage).config_class())))
+    common = [o for o in cfg.common if o.split("=", 1)[0] in keys]
+    overrides = [substitute(o, instance, results) for o in step.overrides]
+    seeded = []
+    if instance.seed is not None and step.stage in SEEDED_STAGES and not any(o.startswith("seed=") for o in overrides):
+        seeded = [f"seed={instance.seed}"]
+    t = cfg.tracking
+    tracked = [f"tracking.uri={t.uri}", f"tracking.artifact_root={t.artifact_root}",
+               f"tracking.experiment={t.experiment}", f"tracking.parent_run_id={parent}"]
+    if step.label and "name" in keys:
+        tracked.append(f"name={step.label}{instance.suffix}")
+    return stage_config(step.stage, config_path(step.config), [*common, *seeded, *overrides, *tracked])
+
+
+def config_path(path: str) -> str | None:
+    """A step's YAML: as given if it exists, else relative to the repository (``conf/...`` from anywhere)."""
+    if not path or Path(path).exists():
+        return path or None
+    in_repo = Path(__file__).resolve().parents[1] / path
+    return str(in_repo) if in_repo.exists() else path
+
+
+def defaults(cls) -> dict:
+    """A config class's default values as a nested dict (no validation: required fields may be empty)."""
+    return OmegaConf.to_container(OmegaConf.structured(cls))
+
+
+def config_hash(cfg: Any) -> str:
+    return hashlib.sha256(to_yaml(cfg).encode()).hexdigest()[:16]
+
+
+#: Pipeline fields that change no step: a rerun with other claims or another bootstrap size resumes the same
+#: parent run (and only redoes the report).
+REPORT_ONLY = ("dry_run", "report", "claims", "bootstrap", "sweep")
+
+
+def pipeline_hash(cfg: PipelineConfig) -> str:
+    """The identity of the steps a pipeline runs: its config less ``REPORT_ONLY`` fields, and less ``seeds``
+    and ``matrix`` when empty, so a pipeline started before those fields existed still finds its parent run."""
+    fields = {k: v for k, v in to_dict(cfg).items()
+              if k not in REPORT_ONLY and not (k in ("seeds", "matrix") and not v)}
+    return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(fields)).encode()).hexdigest()[:16]
+
+
+def labels(cfg: PipelineConfig) -> Iterator[str]:
+    """The method names the steps give their runs (label, else id)."""
+    return (step.label or step.id for step in cfg.steps)
