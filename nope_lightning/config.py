@@ -549,7 +549,8 @@ class ScaleSearchConfig:
     one from the checkpoint and settings, so a killed search resumes where it stopped. The per-position
     curves behind the fit ``lambda = 1 + a ln s`` come from ``position_windows`` non-overlapping windows of the
     longest target (fewer if the split is shorter): each bucket's optimum is a noisy argmin, so the fit needs
-    far more windows than a plot does.
+    far more windows than a plot does. The best lambda per target and the fit a / R^2 get 95 % intervals from a
+    ``bootstrap``-resample bootstrap over the validation windows (every trial scores the same windows).
     """
 
     checkpoint: str = ""
@@ -567,6 +568,7 @@ class ScaleSearchConfig:
     batch_size: int = 4
     position_windows: int = 32
     position_buckets: int = 32
+    bootstrap: int = 1000
     seed: int = 1234
     name: str = ""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -594,6 +596,7 @@ class ScaleSearchConfig:
             check_range(key, getattr(self, key), 0)
         for key in ("ppl_tokens", "batch_size", "position_windows", "position_buckets"):
             check_range(key, getattr(self, key), 1)
+        check_bootstrap("bootstrap", self.bootstrap)
 
     @property
     def lambdas(self) -> list[float]:

@@ -90,7 +90,7 @@ class Claim:
 
     ``test`` names how the effect is computed (``nope_lightning.claims`` implements each) from the methods
     (pipeline step labels) at ``multiples`` of L; the claim holds when the effect is on ``side`` of
-    ``threshold`` (``above``, ``below``, or ``within`` +-threshold). Verdicts (``claims.verdict``): *reproduced*
+    ``threshold`` (``above``: > threshold, ``below``: < threshold, or ``within``: |effect| <= threshold). Verdicts (``claims.verdict``): *reproduced*
     when the pooled interval clears the threshold and every seed's estimate is on that side, *not reproduced*
     when the interval excludes the effect, *inconclusive* otherwise, *untestable* when a precondition fails.
     """
@@ -111,7 +111,7 @@ class Claim:
         """The rule in words, e.g. ``effect >= 0.0198 nats``."""
         if self.side == "within":
             return f"|effect| <= {self.threshold:.3g} {self.unit}"
-        return f"effect {'>=' if self.side == 'above' else '<='} {self.threshold:.3g} {self.unit}"
+        return f"effect {'>' if self.side == 'above' else '<'} {self.threshold:.3g} {self.unit}"
 
 
 _HEADSCALE_RETRIEVES = Precondition("passkey_at_least", ("headscale 4x",), 0.5, 1)

@@ -16,8 +16,11 @@ import contextlib
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from nope_lightning.locks import file_lock
 
@@ -113,3 +116,40 @@ def fit_log_scale(ratios: list[float], lambdas: list[float]) -> tuple[float, flo
     ss_res = sum((y - 1 - a * x) ** 2 for x, y in zip(logs, lambdas, strict=True))
     ss_tot = sum((y - mean) ** 2 for y in lambdas)
     return a, (1 - ss_res / ss_tot) if ss_tot > 0 else float("nan")
+
+
+def best_on_grid(nll: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """The grid value with the lowest NLL along axis 1: ``nll`` (R, grid, ...) -> (R, ...)."""
+    return grid[np.argmin(nll, axis=1)]
+
+
+def fit_log_scale_batch(best: np.ndarray, ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``fit_log_scale`` for many curves at once: ``best`` (R, points) lambdas at ``ratios`` (points,) ->
+    ``(a (R,), R^2 (R,))``, NaN R^2 where a curve is flat."""
+    x = np.log(ratios)
+    a = ((best - 1) * x).sum(1) / (x * x).sum()
+    residual = ((best - 1 - a[:, None] * x) ** 2).sum(1)
+    total = ((best - best.mean(1, keepdims=True)) ** 2).sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return a, np.where(total > 0, 1 - residual / total, np.nan)
+
+
+def position_fit_units(samples: dict, grid: np.ndarray, train_len: int) -> tuple[np.ndarray, Callable]:
+    """A scale-search's per-position data as bootstrap input: ``(units, fit)`` where ``units`` (windows,
+    trials * buckets) holds, per validation position window, every trial's NLL sum over each bucket past L
+    (trials in ``grid`` order), and ``fit(sums (R, 1, k)) -> (a, R^2)`` refits lambda = 1 + a ln s through
+    each bucket's best lambda. ``ValueError`` when fewer than two buckets lie past L."""
+    edges = np.asarray(samples["edges"])
+    centers = (edges[:-1] + edges[1:] - 1) / 2
+    past = centers > train_len
+    if past.sum() < 2:
+        raise ValueError("the search measured fewer than two position buckets past L")
+    position = np.asarray(samples["position"])[:, :, past]  # (trials, windows, buckets past L)
+    units = position.transpose(1, 0, 2).reshape(position.shape[1], -1)
+    widths, ratios = np.diff(edges)[past], centers[past] / train_len
+
+    def fit(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        nll = sums[:, 0].reshape(len(sums), len(grid), len(ratios)) / widths
+        return fit_log_scale_batch(best_on_grid(nll, grid), ratios)
+
+    return units, fit

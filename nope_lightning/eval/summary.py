@@ -19,7 +19,7 @@ import torch
 
 from nope_lightning.data.corpus import corpus_label
 from nope_lightning.metrics import AttentionEntropy, position_buckets
-from nope_lightning.stats import bootstrap, blocks
+from nope_lightning.stats import blocks, bootstrap
 
 #: About this many resampling units per bootstrap: blocks of consecutive windows (never across documents) are
 #: made just long enough to leave ~128 of them, so neighbouring windows (the same passage) stay in one unit.

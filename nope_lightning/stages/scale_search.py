@@ -18,13 +18,29 @@ plot, and metrics ``scale_search/len{L}/best_lambda``, ``…/best_logppl``, ``sc
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from typing import Any
+
+import numpy as np
+import optuna
 
 from nope_lightning import tracking
 from nope_lightning.checkpoint import load_model
-from nope_lightning.config import EvaluateConfig, ExtensionConfig, ScaleSearchConfig, to_dict
-from nope_lightning.search import fit_log_scale, model_label, open_study, study_name
+from nope_lightning.config import EvaluateConfig, ExtensionConfig, ScaleSearchConfig, flatten, to_dict
+from nope_lightning.eval import plots
+from nope_lightning.eval.summary import block_size
+from nope_lightning.run import run_stage
+from nope_lightning.search import (
+    best_on_grid,
+    fit_log_scale,
+    model_label,
+    open_study,
+    position_fit_units,
+    study_name,
+)
 from nope_lightning.stages.lm import check_target_len
+from nope_lightning.stats import blocks, bootstrap
 
 
 def trial_config(cfg: ScaleSearchConfig, lam: float, parent_run_id: str, number: int) -> EvaluateConfig:
@@ -34,14 +50,13 @@ def trial_config(cfg: ScaleSearchConfig, lam: float, parent_run_id: str, number:
         tracking=dataclasses.replace(cfg.tracking, parent_run_id=parent_run_id, run_name=""),
         trainer=cfg.trainer, split="val", eval_lengths=list(cfg.target_lengths), stride=cfg.stride,
         ppl_tokens=cfg.ppl_tokens,
-        batch_size=cfg.batch_size, position_windows=cfg.position_windows, position_buckets=cfg.position_buckets, entropy_windows=0,
-        passkey_keys=0, longctx_samples=0, seed=cfg.seed, plots=False, name=f"scale-search-trial{number}-lam{lam:g}")
+        batch_size=cfg.batch_size, position_windows=cfg.position_windows, position_buckets=cfg.position_buckets,
+        entropy=False, bootstrap=cfg.bootstrap, passkey_keys=0, longctx_samples=0, seed=cfg.seed, plots=False,
+        name=f"scale-search-trial{number}-lam{lam:g}")
 
 
 def replay_command(cfg: EvaluateConfig) -> str:
     """The shell command that reruns a trial (the overrides that differ from evaluate's defaults)."""
-    from nope_lightning.config import flatten
-
     defaults = flatten(to_dict(EvaluateConfig(checkpoint=cfg.checkpoint)))
     changed = {k: v for k, v in flatten(to_dict(cfg)).items()
                if defaults.get(k) != v and not k.startswith("tracking.parent") and k != "name"}
@@ -50,10 +65,6 @@ def replay_command(cfg: EvaluateConfig) -> str:
 
 
 def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
-    import optuna
-
-    from nope_lightning.run import run_stage
-
     loaded = load_model(cfg.checkpoint, cfg.tracking)
     train_len, fingerprint = loaded.config.train_len, loaded.fingerprint
     for length in cfg.target_lengths:
@@ -84,8 +95,6 @@ def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
         trial.set_user_attr("evaluate_run_id", result["run_id"])
         logppl = {n: result[f"val/len{n}/loss"] for n in cfg.target_lengths}
         trial.set_user_attr("logppl", {str(n): v for n, v in logppl.items()})
-        results = tracking.download(cfg.tracking, result["run_id"], "results.json").read_text()
-        trial.set_user_attr("position", _position_curve(results, loaded.config.data.corpus, cfg))
         return sum(logppl.values()) / len(logppl)
 
     # num_trials caps the study's total (0: the whole grid), so a resumed search runs only what is left.
@@ -97,21 +106,43 @@ def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
     return summarize(cfg, study, parent, train_len, fingerprint)
 
 
-def _position_curve(results_json: str, corpus: str, cfg: ScaleSearchConfig) -> dict[str, list]:
-    import json
+def trial_samples(cfg: ScaleSearchConfig, trials: list) -> dict[str, Any]:
+    """The per-window data of every trial (``evaluate``'s ``results.json``, all on the same validation windows):
+    ``windows[n]``: (trials, windows, 2) NLL sum and count at target n; ``position``: (trials, windows, buckets)
+    NLL sums of the position windows, ``widths`` (buckets,) their token counts; ``doc``: the scoring windows'
+    documents (blocks never span two)."""
+    results = [json.loads(tracking.download(cfg.tracking, t.user_attrs["evaluate_run_id"], "results.json")
+                          .read_text()) for t in trials]
+    corpus = results[0]["corpora"][0]
+    position = results[0]["position"]
+    return {"doc": results[0]["windows"][corpus]["doc"], "edges": position["edges"],
+            "windows": {str(n): [r["windows"][corpus][str(n)] for r in results] for n in cfg.target_lengths},
+            "position": [r["position"]["logppl"][corpus]["windows"] for r in results]}
 
-    results = json.loads(results_json)
-    position = results["position"]
-    curve = position["logppl"].get(corpus) or next(iter(position["logppl"].values()))
-    return {"edges": position["edges"], "logppl": curve}
+
+def selection_intervals(samples: dict, grid: list[float], train_len: int, resamples: int, seed: int) -> dict:
+    """95 % bootstrap intervals of the selection: the best lambda per target (resampling blocks of validation
+    windows, every trial on the same resample: paired) and the fit a / R^2 (resampling position windows)."""
+    lambdas = np.asarray(grid)
+    doc = np.asarray(samples["doc"])
+    out: dict[str, Any] = {"best": {}}
+    for n, rows in samples["windows"].items():
+        table = np.concatenate([np.asarray(r) for r in rows], axis=1)  # (windows, trials * 2)
+        units = blocks(table, doc, block_size(len(table)))
+        interval = bootstrap([units], lambda s: best_on_grid(s[:, 0, 0::2] / s[:, 0, 1::2], lambdas), resamples, seed)
+        out["best"][n] = [interval.low, interval.high]
+    try:
+        units, fit = position_fit_units(samples, lambdas, train_len)
+    except ValueError:
+        return out
+    a, r2 = (bootstrap([units], lambda s, i=i: fit(s)[i], resamples, seed) for i in (0, 1))
+    out["fit"] = {"a": [a.low, a.high], "r2": [r2.low, r2.high]}
+    return out
 
 
 def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, fingerprint: str) -> dict[str, Any]:
-    """Best lambda per target and per position bucket, the log fit, the JSON artifact and the Fig 7 plot."""
-    import math
-
-    import optuna
-
+    """Best lambda per target and per position bucket with their bootstrap intervals, the log fit, the JSON
+    artifact and the Fig 7 plot."""
     trials = {}
     for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
         trials[round(t.params["lambda"], 6)] = t  # duplicates (concurrent workers) keep the last
@@ -120,14 +151,13 @@ def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, finger
     ordered = [trials[lam] for lam in sorted(trials)]
     best = {str(n): min(ordered, key=lambda t: t.user_attrs["logppl"][str(n)]).params["lambda"]
             for n in cfg.target_lengths}
-    edges = ordered[0].user_attrs["position"]["edges"]
+    samples = trial_samples(cfg, ordered)
+    lambdas = [t.params["lambda"] for t in ordered]
+    edges = samples["edges"]
     centers = [(a + b - 1) / 2 for a, b in zip(edges[:-1], edges[1:], strict=True)]
-    per_bucket = []
-    for b, center in enumerate(centers):
-        values = [(t.user_attrs["position"]["logppl"][b], t.params["lambda"]) for t in ordered]
-        values = [(v, lam) for v, lam in values if v is not None and not math.isnan(v)]
-        if values and center > train_len:
-            per_bucket.append({"position": center, "s": center / train_len, "lambda": min(values)[1]})
+    curves = np.asarray(samples["position"]).sum(1) / (len(samples["position"][0]) * np.diff(edges))
+    per_bucket = [{"position": c, "s": c / train_len, "lambda": lambdas[int(np.argmin(curves[:, b]))]}
+                  for b, c in enumerate(centers) if c > train_len]
     fit = {"a": float("nan"), "r2": float("nan")}
     if len(per_bucket) >= 2:
         a, r2 = fit_log_scale([p["s"] for p in per_bucket], [p["lambda"] for p in per_bucket])
@@ -141,6 +171,7 @@ def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, finger
         "best_on_grid_edge": on_edge,
         "best_logppl": {str(n): min(t.user_attrs["logppl"][str(n)] for t in ordered) for n in cfg.target_lengths},
         "per_position_best": per_bucket, "fit": fit,
+        "intervals": selection_intervals(samples, lambdas, train_len, cfg.bootstrap, cfg.seed), "samples": samples,
         "trials": [{"lambda": t.params["lambda"], "logppl": t.user_attrs["logppl"],
                     "evaluate_run_id": t.user_attrs.get("evaluate_run_id"), "command": t.user_attrs.get("command")}
                    for t in ordered],
@@ -151,8 +182,6 @@ def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, finger
     metrics.update({"scale_search/fit_a": fit["a"], "scale_search/fit_r2": fit["r2"]})
     tracking.log_metrics(cfg.tracking, parent, {k: v for k, v in metrics.items() if not math.isnan(v)})
     tracking.log_json(cfg.tracking, parent, summary, "scale_search.json")
-    from nope_lightning.eval import plots
-
     tracking.log_figure(cfg.tracking, parent, plots.lambda_fit(summary), "plots/lambda_fit.png")
     tracking.end_run(cfg.tracking, parent)
     return {"run_id": parent, "study": study.study_name, "trials": len(ordered), **metrics}

@@ -1,0 +1,92 @@
+"""Intervals against analytic references: the bootstrap of a mean against the normal-theory interval, Wilson
+and Student t against their formulas (scipy), blocks, Spearman against scipy, and the pooled per-seed bootstrap."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from nope_lightning.stats import MIN_RESAMPLES, bootstrap, blocks, per_seed_bootstrap, spearman, t_interval, wilson
+
+
+def ratio(sums: np.ndarray) -> np.ndarray:
+    return sums[:, 0, 0] / sums[:, 0, 1]
+
+
+def test_bootstrap_of_a_mean_matches_the_normal_theory_interval():
+    # 4,000 iid normal values: the percentile bootstrap of the mean converges to mean +- 1.96 s / sqrt(n).
+    x = np.random.default_rng(1).normal(3.0, 2.0, 4000)
+    units = np.stack([x, np.ones_like(x)], 1)
+    interval = bootstrap([units], ratio, resamples=4000, seed=2)
+    half = 1.959964 * x.std(ddof=1) / math.sqrt(len(x))
+    assert interval.estimate == pytest.approx(x.mean())
+    assert interval.low == pytest.approx(x.mean() - half, abs=0.1 * half)
+    assert interval.high == pytest.approx(x.mean() + half, abs=0.1 * half)
+
+
+def test_bootstrap_of_a_proportion_matches_wilson():
+    correct = np.r_[np.ones(120), np.zeros(280)]
+    units = np.stack([correct, np.ones_like(correct)], 1)
+    boot = bootstrap([units], ratio, resamples=4000, seed=0)
+    exact = wilson(120, 400)
+    assert boot.estimate == exact.estimate == 0.3
+    assert boot.low == pytest.approx(exact.low, abs=0.01) and boot.high == pytest.approx(exact.high, abs=0.01)
+
+
+def test_wilson_matches_its_formula_and_stays_inside_zero_one():
+    z = scipy_stats.norm.ppf(0.975)
+    n, k = 20, 17
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    spread = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    interval = wilson(k, n)
+    assert (interval.low, interval.high) == pytest.approx((centre - spread, centre + spread))
+    assert wilson(0, 10).low == 0.0 and 0.0 < wilson(0, 10).high < 0.35
+    assert wilson(10, 10).high == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        wilson(0, 0)
+
+
+def test_t_interval_matches_scipy_and_one_seed_has_no_interval():
+    values = [3.51, 3.47, 3.60]
+    low, high = scipy_stats.t.interval(0.95, 2, loc=np.mean(values), scale=scipy_stats.sem(values))
+    interval = t_interval(values)
+    assert (interval.estimate, interval.low, interval.high) == pytest.approx((np.mean(values), low, high))
+    assert interval.per_seed == tuple(values)
+    single = t_interval([3.5])
+    assert single.estimate == 3.5 and math.isnan(single.low) and math.isnan(single.high)
+
+
+def test_blocks_never_span_two_documents():
+    values = np.arange(10, dtype=float)[:, None]
+    docs = np.array([0, 0, 0, 0, 0, 1, 1, 2, 2, 2])
+    assert blocks(values, docs, 2)[:, 0].tolist() == [0 + 1, 2 + 3, 4, 5 + 6, 7 + 8, 9]
+    assert blocks(values, docs, 1)[:, 0].tolist() == values[:, 0].tolist()
+
+
+def test_spearman_matches_scipy_including_ties():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(5, 9)), rng.normal(size=(5, 9))
+    x[0, :3] = 1.0  # ties
+    expected = [scipy_stats.spearmanr(a, b).statistic for a, b in zip(x, y, strict=True)]
+    assert spearman(x, y) == pytest.approx(expected)
+
+
+def test_pooled_bootstrap_averages_seeds_and_keeps_each_estimate():
+    rng = np.random.default_rng(3)
+    strata = [np.stack([rng.normal(mu, 1.0, 500), np.ones(500)], 1) for mu in (1.0, 2.0, 3.0)]
+    pooled, each = per_seed_bootstrap(strata, ratio, resamples=1000)
+    means = [s[:, 0].mean() for s in strata]
+    assert pooled.per_seed == pytest.approx(means)
+    assert pooled.estimate == pytest.approx(np.mean(means))
+    # the mean of three independent means: its half-width is 1/sqrt(3) of one seed's
+    assert pooled.half_width == pytest.approx(np.mean([e.half_width for e in each]) / math.sqrt(3), rel=0.2)
+    assert all(e.low < m < e.high for e, m in zip(each, means, strict=True))
+
+
+def test_bootstrap_refuses_too_few_resamples():
+    with pytest.raises(ValueError, match=f">= {MIN_RESAMPLES}"):
+        bootstrap([np.ones((3, 2))], ratio, resamples=MIN_RESAMPLES - 1)
