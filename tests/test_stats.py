@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from nope_lightning.stats import MIN_RESAMPLES, bootstrap, blocks, per_seed_bootstrap, spearman, t_interval, wilson
+from nope_lightning.stats import (
+    MIN_RESAMPLES,
+    blocks,
+    bootstrap,
+    per_seed_bootstrap,
+    spearman,
+    t_interval,
+    wilson,
+)
 
 
 def ratio(sums: np.ndarray) -> np.ndarray:

@@ -90,7 +90,7 @@ def point_sections(evals: dict, searches: dict, outcomes: list) -> tuple[list[st
                 tables.longctx_table(evals),
                 *(tables.search_section(method, by_seed) for method, by_seed in searches.items())]
     figures: dict[str, Any] = {}
-    for method, by_seed in searches.items():
+    for by_seed in searches.values():
         for seed, summary in by_seed.items():
             name = f"lambda_fit{'' if seed is None else f'_s{seed}'}.png"
             figures[name] = plots.lambda_fit(summary)
