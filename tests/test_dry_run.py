@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from nope_lightning.run import run_stage, stage_config
+from nope_lightning.steps import expand
 from tests.conftest import REPO
 
 EXPERIMENTS = sorted((REPO / "experiments").glob("*.yaml"))
@@ -52,16 +53,19 @@ def test_every_experiment_file_plans_without_compute(path, dry_run, tmp_path):
     plan = dry_run(path)
     assert time.process_time() - start < 60  # CPU seconds: config resolution only (the machine may be busy)
     assert plan["dry_run"] and plan["problems"] == []
-    assert [s["id"] for s in plan["steps"]] == [s["id"] for s in yaml.safe_load(path.read_text())["steps"]]
+    # one entry per step, seed and matrix point, in run order
+    assert [s["id"] for s in plan["steps"]] == [i.id for i in expand(stage_config("pipeline", str(path)))]
     assert mlflow_runs(tmp_path) == []
     assert not (tmp_path / "cache").exists()  # no data prepared
 
 
 def test_small_plan_numbers(dry_run):
-    steps = {s["id"]: s for s in dry_run(REPO / "experiments/small.yaml")["steps"]}
+    plan = dry_run(REPO / "experiments/small.yaml")
+    assert plan["seeds"] == [1234, 2345, 3456] and len(plan["steps"]) == 3 * 17
+    steps = {s["id"].removesuffix("[seed=1234]"): s for s in plan["steps"] if s["id"].endswith("[seed=1234]")}
     pretrain = steps["pretrain_nope"]
-    assert pretrain["model"] == {"from": "pretrain_nope", "pos_encoding": "nope", "size": "4 layers x 128, 4 heads",
-                                 "train_len": 128, "max_positions": 8192}
+    assert pretrain["model"] == {"from": "pretrain_nope[seed=1234]", "pos_encoding": "nope",
+                                 "size": "4 layers x 128, 4 heads", "train_len": 128, "max_positions": 8192}
     assert pretrain["training_tokens"] == 2750 * 8 * 2 * 128  # steps x batch x DDP processes x train_len: 5.6 M
     assert pretrain["data"] == {"corpus": "kjv", "train_tokens": "unchecked: known once the corpus is prepared"}
     assert steps["pretrain_rope"]["model"]["pos_encoding"] == "rope"
@@ -69,8 +73,13 @@ def test_small_plan_numbers(dry_run):
                                              "max_new_tokens": 8, "longctx_new_tokens": 0}
     assert steps["search_nope"]["lengths"] == {"targets": [256, 512, 1024]}
     assert steps["headscale_4x"]["training_tokens"] == 200 * 8 * 512
-    assert steps["finetune_pi_2x"]["model"]["from"] == "pretrain_rope"
-    assert steps["eval_pi_2x"]["model"]["from"] == "finetune_pi_2x"  # the fine-tune's own export
+    # every replicate's steps use that replicate's models
+    assert {s["model"]["from"] for s in plan["steps"] if s["id"].startswith("eval_headscale_4x[")} == {
+        f"pretrain_nope[seed={seed}]" for seed in (1234, 2345, 3456)}
+    baselines = {s["id"].removesuffix("[seed=2345]"): s for s in dry_run(REPO / "experiments/small_baselines.yaml")[
+        "steps"] if s["id"].endswith("[seed=2345]")}
+    assert baselines["finetune_pi_2x"]["model"]["from"] == "pretrain_rope[seed=2345]"
+    assert baselines["eval_pi_2x"]["model"]["from"] == "finetune_pi_2x[seed=2345]"  # the fine-tune's own export
 
 
 def test_paper_plan_numbers(dry_run):
@@ -87,11 +96,13 @@ def test_paper_plan_numbers(dry_run):
     assert steps["finetune_pi_4k_raw"]["training_tokens"] == 5 * steps["finetune_pi_4k_fair"]["training_tokens"]
 
 
-def test_external_checkpoint_is_noted_not_checked(dry_run):
-    steps = {s["id"]: s for s in dry_run(REPO / "experiments/small_temperature.yaml")["steps"]}
+def test_external_checkpoint_is_noted_not_checked(dry_run, tmp_path):
+    path = tmp_path / "external.yaml"
+    path.write_text(yaml.safe_dump({"name": "external", "steps": [
+        {"id": "eval_nope", "stage": "evaluate", "overrides": ["checkpoint=${oc.env:NOPE_CHECKPOINT}"]}]}))
+    steps = {s["id"]: s for s in dry_run(path)["steps"]}
     assert steps["eval_nope"]["model"] == {"from": ENVIRONMENT["NOPE_CHECKPOINT"]}
     assert any("unchecked" in note for note in steps["eval_nope"]["notes"])
-    assert steps["eval_nope_ssmax"]["model"]["from"] == "pretrain_nope_ssmax"
 
 
 # --- broken copies --------------------------------------------------------------------------------------
@@ -168,3 +179,50 @@ def test_cli_prints_only_the_plan_on_stdout(tmp_path, tracking_overrides):
     plan = json.loads(proc.stdout)
     assert [s["stage"] for s in plan["steps"]][:3] == ["pretrain", "pretrain", "evaluate"]
     assert "pipeline [7/7] evaluate eval_nope_uniform: dry run: ok" in proc.stderr
+
+
+def write(tmp_path: Path, **fields) -> Path:
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"name": "grid", "steps": STEPS, **fields}))
+    return path
+
+
+def test_seeds_and_a_matrix_expand_every_step_with_its_own_references(dry_run, tmp_path):
+    steps = [dict(STEPS[0], overrides=["model.n_layer=@{matrix.n_layer}"]), STEPS[1],
+             dict(STEPS[2], only={"n_layer": ["1"]})]
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"name": "grid", "seeds": [3, 4], "matrix": {"n_layer": [1, 2]}, "steps": steps}))
+    plan = dry_run(path)
+    ids = [s["id"] for s in plan["steps"]]
+    assert ids == ["pretrain_nope[n_layer=1,seed=3]", "search_nope[n_layer=1,seed=3]", "eval_nope[n_layer=1,seed=3]",
+                   "pretrain_nope[n_layer=2,seed=3]", "search_nope[n_layer=2,seed=3]",
+                   "pretrain_nope[n_layer=1,seed=4]", "search_nope[n_layer=1,seed=4]", "eval_nope[n_layer=1,seed=4]",
+                   "pretrain_nope[n_layer=2,seed=4]", "search_nope[n_layer=2,seed=4]"]
+    entries = {s["id"]: s for s in plan["steps"]}
+    assert entries["search_nope[n_layer=2,seed=4]"]["model"]["from"] == "pretrain_nope[n_layer=2,seed=4]"
+    assert entries["pretrain_nope[n_layer=2,seed=4]"]["model"]["size"].startswith("2 layers")
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"seeds": [1, 1]}, "seeds=[1, 1] repeats a seed"),
+    ({"seeds": ["a"]}, "config key 'seeds[0]'"),
+    ({"bootstrap": 50}, "bootstrap=50 bootstrap resamples are too few"),
+    ({"claims": ["nope_breaks_past_L"]},
+     "claim 'nope_breaks_past_L' compares method 'nope', which no step of pipeline 'grid' runs"),
+    ({"claims": ["nope_breaks_past"]}, "unknown claim 'nope_breaks_past'; did you mean 'nope_breaks_past_L'?"),
+    ({"sweep": {"x": "tokens"}}, "sweep={'x': 'tokens'}: give sweep={x: <matrix key>, lines: <matrix key>}"),
+])
+def test_bad_pipeline_settings_fail_in_one_line_before_anything_runs(tmp_path, tracking_overrides, fields, expected):
+    with pytest.raises(ValueError) as err:
+        stage_config("pipeline", str(write(tmp_path, **fields)), tracking_overrides)
+    assert str(err.value).splitlines()[0].startswith(expected) or expected in str(err.value).splitlines()[0]
+    assert mlflow_runs(tmp_path) == []
+
+
+def test_a_reference_to_a_step_that_skips_the_point_is_refused(dry_run, tmp_path):
+    steps = [dict(STEPS[0], only={"n_layer": ["1"]}), STEPS[1], STEPS[2]]
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"name": "grid", "matrix": {"n_layer": [1, 2]}, "steps": steps}))
+    lines = problems(dry_run, path)
+    assert lines[0].startswith("step search_nope[n_layer=1]: @{pretrain_nope.run_id}: step 'pretrain_nope' does not "
+                               "run at matrix point {'n_layer': '2'}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,8 @@ from nope_lightning.eval.perplexity import (
     Stream,
     WindowDataset,
     WindowEvaluator,
-    sliding_windows,
+    scoring_windows,
+    target_ends,
     tiled_windows,
 )
 from nope_lightning.model import GPT
@@ -45,7 +47,7 @@ def docs() -> list[np.ndarray]:
 
 def evaluate_windows(model, docs, streams, windows, batch_size: int, world: int = 1) -> dict:
     """Run the evaluator over ``world`` simulated ranks and sum their metric states into fresh metrics
-    (what a multi-process sync does), so ``compute()`` sees every rank."""
+    (what a multi-process sync does); returns the evaluator's results as one rank would see them."""
     merged = WindowEvaluator(model, streams, entropy_chunk=5)
     for rank in range(world):
         evaluator = WindowEvaluator(model, streams, entropy_chunk=5)
@@ -55,94 +57,70 @@ def evaluate_windows(model, docs, streams, windows, batch_size: int, world: int 
             evaluator, dataloaders=loaders, verbose=False)
         for total, part in zip(merged.metrics, evaluator.metrics, strict=True):
             total.merge_state(part)
-    return {(s.kind, s.length): m for s, m in zip(streams, merged.metrics, strict=True)}
+        for key, (per_window, heads) in evaluator.entropy.items():
+            merged.entropy[key][0].merge_state(per_window)
+            merged.entropy[key][1].merge_state(heads)
+    merged.on_test_epoch_end()
+    return merged.results
 
 
-def brute_force_nll(model, docs, length, stride) -> tuple[float, int]:
-    """Each target t of each doc predicted from the window that scores it, by a separate forward of
-    exactly that context (causality makes it equal to the window's row t)."""
-    total, count = 0.0, 0
-    for doc in docs:
-        n = len(doc)
-        for t in range(1, n):
-            k = 0 if t <= length else math.ceil((t - length) / stride)
-            start = k * stride
-            if start + length + 1 > n:
-                continue  # beyond the last full window: not scored
-            context = torch.as_tensor(doc[start:t], dtype=torch.long)[None]
-            with torch.no_grad():
-                logits = model(context)[0, -1].double()
-            total -= torch.log_softmax(logits, -1)[doc[t]].item()
-            count += 1
-    return total, count
+def brute_force_nll(model, doc, target: int, context: int) -> float:
+    """-log p(doc[target] | the ``context`` tokens before it), by a separate forward of exactly that context."""
+    with torch.no_grad():
+        logits = model(torch.as_tensor(doc[target - context:target], dtype=torch.long)[None])[0, -1].double()
+    return -torch.log_softmax(logits, -1)[doc[target]].item()
 
 
-def brute_force_nll_last_stride(model, docs, length, stride) -> tuple[float, int]:
-    """``last_stride`` scoring by brute force: target t is scored once, by the window k = ceil((t - L) / S),
-    and only when it falls in that window's last S targets (t > L - S) and the window fits in the doc."""
-    total, count = 0.0, 0
-    for doc in docs:
-        for t in range(length - stride + 1, len(doc)):
-            start = max(0, math.ceil((t - length) / stride)) * stride
-            if start + length + 1 > len(doc):
-                continue
-            assert length - stride < t - start <= length  # at least L - S tokens of context
-            with torch.no_grad():
-                logits = model(torch.as_tensor(doc[start:t], dtype=torch.long)[None])[0, -1].double()
-            total -= torch.log_softmax(logits, -1)[doc[t]].item()
-            count += 1
-    return total, count
+def test_windows_of_every_length_end_on_the_same_tokens_spread_over_all_documents():
+    ends = target_ends([30, 9, 41], longest=2 * L, stride=S, budget=10**6)
+    assert ends == [(0, 24), (0, 28), (2, 24), (2, 28), (2, 32), (2, 36), (2, 40)]  # the 9-token doc is too short
+    for length in (L, 2 * L):
+        windows = scoring_windows(ends, length, S)
+        scored = [(w.doc, w.start + i + 1) for w in windows for i in range(w.score_from, length)]
+        # the last S tokens up to each end, each with at least length - S + 1 tokens of context
+        assert scored == [(d, t) for d, e in ends for t in range(e - S + 1, e + 1)]
+        assert all(w.start == e - length for w, (_, e) in zip(windows, ends, strict=True))
+    few = target_ends([30, 9, 41], longest=2 * L, stride=S, budget=3 * S)
+    assert few == [(0, 24), (2, 28), (2, 40)]  # three ends spread evenly, not the first three
+    with pytest.raises(ValueError, match="must be in 1..12"):
+        scoring_windows(ends, L, 13)
 
 
-def test_last_stride_windows_score_only_their_last_stride_targets():
-    windows = sliding_windows([30, 9], L, S, budget=10**6)  # the default: last_stride
-    assert [(w.doc, w.start, w.score_from) for w in windows] == [
-        (0, 0, 8), (0, 4, 8), (0, 8, 8), (0, 12, 8), (0, 16, 8)]
-    scored = [w.start + i + 1 for w in windows for i in range(w.score_from, L)]
-    assert scored == list(range(9, 29))  # targets 1..8 have < L - S context: never scored
-    assert len(sliding_windows([30, 9], L, S, budget=5)) == 2
-    with pytest.raises(ValueError, match="last_stride or first_full"):
-        sliding_windows([30], L, S, budget=10, scoring="middle")
-
-
-def test_last_stride_ppl_equals_brute_force(model, docs):
-    windows = [sliding_windows([len(d) for d in docs], L, S, budget=10**6)]
-    total, count = brute_force_nll_last_stride(model, docs, L, S)
-    metric = evaluate_windows(model, docs, [Stream("ppl", "c", L)], windows, batch_size=3)["ppl", L]
-    assert int(metric.count) == count
-    assert float(metric.nll_sum) / count == pytest.approx(total / count, rel=1e-6)
-
-
-def test_sliding_window_windows_score_every_target_once():
-    windows = sliding_windows([30, 9], L, S, budget=10**6, scoring="first_full")
-    assert [(w.doc, w.start, w.score_from) for w in windows] == [
-        (0, 0, 0), (0, 4, 8), (0, 8, 8), (0, 12, 8), (0, 16, 8)]
-    scored = [w.start + i + 1 for w in windows for i in range(w.score_from, L)]
-    assert scored == list(range(1, 29))  # targets 1..28 once each; 29 would need a window past the end
-    # stops once 12 + 4 >= 13 targets are scored
-    assert len(sliding_windows([30, 9], L, S, budget=13, scoring="first_full")) == 2
-
-
-def test_sliding_window_ppl_equals_brute_force_whatever_batch_or_world(model, docs):
-    streams = [Stream("ppl", "c", L)]
-    windows = [sliding_windows([len(d) for d in docs], L, S, budget=10**6, scoring="first_full")]
-    total, count = brute_force_nll(model, docs, L, S)
+def test_same_target_ppl_equals_brute_force_whatever_batch_or_world(model, docs):
+    ends = target_ends([len(d) for d in docs], 2 * L, S, budget=10**6)
+    streams = [Stream("ppl", "c", n, len(ends)) for n in (L, 2 * L)]
+    windows = [scoring_windows(ends, n, S) for n in (L, 2 * L)]
+    want = {n: [[sum(brute_force_nll(model, docs[d], t, n - (e - t)) for t in range(e - S + 1, e + 1)), S]
+                 for d, e in ends] for n in (L, 2 * L)}
     for batch_size, world in ((1, 1), (3, 1), (2, 2)):
-        metric = evaluate_windows(model, docs, streams, windows, batch_size, world)["ppl", L]
-        assert int(metric.count) == count
-        assert float(metric.nll_sum) / count == pytest.approx(total / count, rel=1e-6)
-        assert float(metric.perplexity()) == pytest.approx(math.exp(total / count), rel=1e-6)
+        results = evaluate_windows(model, docs, streams, windows, batch_size, world)
+        for n in (L, 2 * L):
+            np.testing.assert_allclose(results["ppl", "c", n].numpy(), np.array(want[n]), rtol=1e-6)
 
 
 def test_probe_entropy_equals_entropy_of_the_full_attention_matrix(model, docs):
     windows = [tiled_windows([len(d) for d in docs], L, 3)]
-    metric = evaluate_windows(model, docs, [Stream("entropy", "c", L)], windows, batch_size=2)["entropy", L]
+    results = evaluate_windows(model, docs, [Stream("position", "c", L, 3, entropy=True)], windows, batch_size=2)
+    heads, per_window = results["entropy_heads", "c", L], results["entropy", "c", L]
     inputs = torch.stack([torch.as_tensor(docs[w.doc][w.start:w.start + L]) for w in windows[0]])
+    layers = []
     for layer in range(2):
         probs = attention_probs(model, inputs, layer).double()
-        want = -(probs * probs.clamp_min(1e-300).log()).sum(-1).mean(0)  # (H, T), nats
-        assert torch.allclose(metric.compute()[layer].double(), want, atol=1e-5)
-    assert torch.allclose(metric.compute()[:, :, 0], torch.zeros(2, 2, dtype=metric.compute().dtype))
+        entropy = -(probs * probs.clamp_min(1e-300).log()).sum(-1)  # (windows, H, T), nats
+        assert torch.allclose(heads.compute()[layer].double(), entropy.mean(0), atol=1e-5)
+        layers.append(entropy)
+    assert torch.allclose(per_window, torch.stack(layers).mean((0, 2)), atol=1e-5)  # layer- and head-mean
+    assert torch.allclose(heads.compute()[:, :, 0], torch.zeros(2, 2, dtype=heads.compute().dtype))
+
+
+def test_position_windows_are_spread_evenly_and_score_every_target(model, docs):
+    windows = tiled_windows([len(d) for d in docs], L, 3)
+    assert [(w.doc, w.start, w.score_from) for w in windows] == [(0, 0, 0), (2, 0, 0), (3, 0, 0)]  # of 6 tiles
+    results = evaluate_windows(model, docs, [Stream("position", "c", L, 3)], [windows], batch_size=2)
+    table = results["position", "c", L]
+    for row, w in zip(table, windows, strict=True):
+        want = [brute_force_nll(model, docs[w.doc], w.start + t + 1, t + 1) for t in range(L)]
+        np.testing.assert_allclose(row.numpy(), want, rtol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -185,7 +163,8 @@ def test_a_uniform_temperature_changes_the_numbers(evaluated):
     (["eval_lengths=[4096]"], "exceed this model's max_positions"),
     (["checkpoint=/nonexistent"], "no such export folder"),
     (["split=train"], "split='train' is not a valid choice"),
-    (["window_scoring=middle"], "window_scoring='middle' is not a valid choice"),
+    (["bootstrap=50"], "bootstrap=50 bootstrap resamples are too few"),
+    (["stride=100"], "stride=100 exceeds the shortest eval length 64"),
 ])
 def test_evaluate_bad_input(evaluated, extra, message, capsys):
     assert cli.main(["run", "evaluate", *evaluated["overrides"], *extra]) == 2
@@ -194,7 +173,7 @@ def test_evaluate_bad_input(evaluated, extra, message, capsys):
 
 def test_a_length_too_short_for_a_passkey_prompt_is_skipped_with_one_line(evaluated, capsys):
     result = run_stage("evaluate", stage_config("evaluate", None, [
-        *evaluated["overrides"], "passkey_lengths=[32,256]", "longctx_samples=0", "entropy_windows=0",
+        *evaluated["overrides"], "passkey_lengths=[32,256]", "longctx_samples=0", "entropy=false",
         "position_windows=0", "eval_lengths=[64]"]))
     lines = [line for line in capsys.readouterr().err.splitlines() if "passkey skipped" in line]
     assert len(lines) == 1 and re.fullmatch(
@@ -204,7 +183,7 @@ def test_a_length_too_short_for_a_passkey_prompt_is_skipped_with_one_line(evalua
 
 def test_validation_split_is_scored_under_its_own_name(evaluated):
     result = run_stage("evaluate", stage_config("evaluate", None, [
-        *evaluated["overrides"], "split=val", "passkey_keys=0", "longctx_samples=0", "entropy_windows=0",
+        *evaluated["overrides"], "split=val", "passkey_keys=0", "longctx_samples=0", "entropy=false",
         "position_windows=0", "eval_lengths=[64]"]))
     assert "val/len64/ppl" in result and not any(k.startswith("test/") for k in result)
     assert result["val/len64/ppl"] != pytest.approx(evaluated["plain"]["test/len64/ppl"])  # other documents
@@ -219,7 +198,7 @@ def test_a_folder_corpus_is_a_whole_test_set_with_a_valid_metric_name(evaluated,
     genesis = next(d for d in load_documents("tiny", tmp_path) if d.name == "kjv/Genesis")
     (folder / "a.txt").write_text(genesis.text[:20000])
     (folder / "b.txt").write_text(genesis.text[20000:40000])
-    base = [*evaluated["overrides"], "passkey_keys=0", "longctx_samples=0", "entropy_windows=0",
+    base = [*evaluated["overrides"], "passkey_keys=0", "longctx_samples=0", "entropy=false",
             "position_windows=0", "eval_lengths=[64]", "ppl_tokens=100000"]
     result = run_stage("evaluate", stage_config("evaluate", None, [*base, f"corpora=[tiny,'{folder}']"]))
     label = corpus_label(str(folder))
@@ -234,8 +213,7 @@ def test_a_folder_corpus_is_a_whole_test_set_with_a_valid_metric_name(evaluated,
     tok = TextTokenizer.load(next(p for p in evaluated["overrides"] if p.startswith("checkpoint=")).split("=", 1)[1]
                              + "/tokenizer.json")
     lengths = [len(tok.encode(t)) + 2 for t in (genesis.text[:20000], genesis.text[20000:40000])]
-    want = sum(64 - w.score_from for w in sliding_windows(lengths, 64, 8, 10**9))
-    assert results["ppl"][str(folder)]["64"]["tokens"] == want
+    assert results["ppl"][str(folder)]["64"]["tokens"] == 8 * len(target_ends(lengths, 64, 8, 10**9))
     with pytest.raises(ValueError, match="used whole as test data"):
         run_stage("evaluate", stage_config("evaluate", None, [*base, f"corpora=['{folder}']", "split=val"]))
 
@@ -243,7 +221,7 @@ def test_a_folder_corpus_is_a_whole_test_set_with_a_valid_metric_name(evaluated,
 def test_results_survive_a_tracking_failure_and_a_rerun_logs_them(evaluated, monkeypatch):
     from nope_lightning import tracking
 
-    overrides = [*evaluated["overrides"], "passkey_keys=0", "longctx_samples=0", "entropy_windows=0",
+    overrides = [*evaluated["overrides"], "passkey_keys=0", "longctx_samples=0", "entropy=false",
                  "position_windows=0", "eval_lengths=[64]", "name=survivor", "plots=false"]
     create_run = tracking.create_run
 
@@ -251,14 +229,73 @@ def test_results_survive_a_tracking_failure_and_a_rerun_logs_them(evaluated, mon
         raise ConnectionError("the tracking server went away")
 
     monkeypatch.setattr(tracking, "create_run", store_gone)
-    with pytest.raises(ValueError, match=r"evaluate finished but could not log .* results are kept in (\S+): rerun"):
+    with pytest.raises(ValueError, match=r"evaluate finished but could not log .* results are kept in (\S+): rerun") as err:
         run_stage("evaluate", stage_config("evaluate", None, overrides))
+    kept = re.search(r"results are kept in (\S+): rerun", str(err.value)).group(1)
+    saved = json.loads((Path(kept) / "metrics.json").read_text())["metrics"]
     monkeypatch.setattr(tracking, "create_run", create_run)
     computed = []
     monkeypatch.setattr("nope_lightning.stages.evaluate.WindowEvaluator", lambda *a, **k: computed.append(1))
     result = run_stage("evaluate", stage_config("evaluate", None, overrides))  # logs what was saved, no compute
-    assert not computed and result["test/len64/ppl"] == pytest.approx(evaluated["plain"]["test/len64/ppl"])
+    assert not computed and result["test/len64/ppl"] == saved["test/len64/ppl"]
     uri = next(o for o in evaluated["overrides"] if o.startswith("tracking.uri=")).split("=", 1)[1]
     from mlflow.tracking import MlflowClient
 
     assert MlflowClient(uri).get_run(result["run_id"]).data.metrics["test/len64/ppl"] == result["test/len64/ppl"]
+
+
+def test_results_keep_the_data_behind_every_interval(evaluated, tiny_pretrained):
+    uri = tiny_pretrained["tracking"][0].split("=", 1)[1]
+    results = json.loads(download(TrackingConfig(uri=uri), evaluated["plain"]["run_id"], "results.json").read_text())
+    corpus = results["corpora"][0]
+    for n in ("64", "128"):
+        cell = results["ppl"][corpus][n]
+        rows = np.asarray(results["windows"][corpus][n])
+        assert cell["nll"] == pytest.approx(rows[:, 0].sum() / rows[:, 1].sum())
+        assert cell["nll_low"] < cell["nll"] < cell["nll_high"] and cell["tokens"] == rows[:, 1].sum()
+    assert results["windows"][corpus]["doc"] == sorted(results["windows"][corpus]["doc"])  # blocks within documents
+    position = results["position"]
+    assert [tuple(o) for o in position["octaves"]] == [(0, 64), (64, 128)]  # [0, L), [L, 2L) of the 128 windows
+    curve = position["logppl"][corpus]
+    assert 0 < len(curve["windows"]) <= 64 and all(lo <= m <= hi for lo, m, hi in zip(curve["low"], curve["mean"], curve["high"],
+                                                                                  strict=True))
+    assert len(position["entropy"]["mean"]) == len(position["edges"]) - 1
+    assert len(results["passkey"]["samples"]) == 2 and results["passkey"]["by_length_interval"]["256"][1] > 0
+
+
+def test_passkey_prompts_are_drawn_from_the_split(tiny_pretrained):
+    from nope_lightning.data import TextTokenizer
+    from nope_lightning.eval.passkey import passkey_samples
+
+    tokenizer = TextTokenizer.load(f"{tiny_pretrained['model']}/tokenizer.json")
+    keys = {split: [s.key for s in passkey_samples(tokenizer, [256], stage_config(
+        "evaluate", None, [f"checkpoint={tiny_pretrained['model']}", f"split={split}"]))] for split in ("val", "test")}
+    assert len(keys["test"]) == 100  # paper 001's grid: 10 depths x 10 keys
+    assert not set(keys["val"]) & set(keys["test"])  # selection never sees a reporting prompt
+
+
+def test_empty_length_lists_mean_none(evaluated):
+    result = run_stage("evaluate", stage_config("evaluate", None, [
+        *evaluated["overrides"], "eval_lengths=[]", "passkey_lengths=[]", "longctx_samples=0", "name=nothing"]))
+    assert set(result) == {"run_id"}
+
+
+def test_a_failed_part_keeps_the_finished_ones_and_a_rerun_resumes_after_them(evaluated, monkeypatch, tmp_path):
+    overrides = [*evaluated["overrides"], "longctx_samples=0", "position_windows=0", "eval_lengths=[64]",
+                 f"out_dir={tmp_path}/kept", "plots=false"]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the passkey part failed")
+
+    monkeypatch.setattr("nope_lightning.stages.evaluate.run_passkey", broken)
+    with pytest.raises(RuntimeError, match="passkey part failed"):
+        run_stage("evaluate", stage_config("evaluate", None, overrides))
+    partial = json.loads((tmp_path / "kept" / "partial.json").read_text())
+    assert partial["done"] == ["windows"] and "test/len64/ppl" in partial["metrics"]
+    monkeypatch.undo()
+    computed = []
+    monkeypatch.setattr("nope_lightning.stages.evaluate.WindowEvaluator", lambda *a, **k: computed.append(1))
+    result = run_stage("evaluate", stage_config("evaluate", None, overrides))
+    assert not computed  # the windows were not scored again
+    assert result["test/len64/ppl"] == partial["metrics"]["test/len64/ppl"] and "passkey/len256/acc" in result
+    assert not (tmp_path / "kept" / "partial.json").exists()

@@ -9,11 +9,11 @@ from torchmetrics.text import Perplexity
 
 from nope_lightning.metrics import (
     AttentionEntropy,
-    PositionNLL,
-    TokenNLL,
+    WindowSums,
     attention_entropy_from_qk,
     bucket_mean,
     position_buckets,
+    token_nll,
 )
 
 torch.set_num_threads(1)
@@ -38,30 +38,36 @@ def entropy_by_hand(probs: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# ---- TokenNLL -------------------------------------------------------------------------------------------
+# ---- token_nll and per-window sums --------------------------------------------------------------------------
 
-def test_token_nll_matches_cross_entropy_over_batches_with_mask():
+def window_nll(logits, targets, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-window (NLL sum, scored count) as the evaluator stores them, through ``WindowSums``."""
+    nll, scored = token_nll(logits, targets, mask)
+    metric = WindowSums(len(logits), 2)
+    metric.update(torch.arange(len(logits)), torch.stack([nll.sum(1, dtype=torch.float64), scored.sum(1).double()], 1))
+    sums = metric.compute()
+    return sums[:, 0], sums[:, 1]
+
+
+def test_window_nll_matches_cross_entropy_with_mask():
     g = torch.Generator().manual_seed(0)
-    metric = TokenNLL()
-    all_nll = []
-    for T in (5, 9):  # unequal batches: the result must be token-weighted
-        logits = torch.randn(3, T, 11, generator=g)
-        targets = torch.randint(0, 11, (3, T), generator=g)
-        mask = torch.rand(3, T, generator=g) > 0.3
-        metric.update(logits, targets, mask)
-        all_nll.append(F.cross_entropy(logits[mask], targets[mask], reduction="none"))
-    expected = torch.cat(all_nll).double().mean()
-    torch.testing.assert_close(metric.compute(), expected, rtol=1e-6, atol=0)
-    torch.testing.assert_close(metric.perplexity(), expected.exp(), rtol=1e-6, atol=0)
+    logits = torch.randn(3, 9, 11, generator=g)
+    targets = torch.randint(0, 11, (3, 9), generator=g)
+    mask = torch.rand(3, 9, generator=g) > 0.3
+    nll, count = window_nll(logits, targets, mask)
+    for row in range(3):
+        expected = F.cross_entropy(logits[row][mask[row]], targets[row][mask[row]], reduction="sum").double()
+        torch.testing.assert_close(nll[row], expected, rtol=1e-6, atol=1e-6)
+        assert count[row].item() == mask[row].sum().item()
 
 
 def test_token_nll_skips_ignore_index():
     logits = torch.randn(2, 4, 7)
     targets = torch.tensor([[1, 2, -100, 3], [-100, -100, 4, 5]])
-    metric = TokenNLL()
-    metric.update(logits, targets)
-    assert metric.count.item() == 5
-    torch.testing.assert_close(metric.compute().float(), F.cross_entropy(logits.flatten(0, 1), targets.flatten()))
+    nll, count = window_nll(logits, targets)
+    assert count.sum().item() == 5
+    torch.testing.assert_close((nll.sum() / count.sum()).float(), F.cross_entropy(logits.flatten(0, 1),
+                                                                                   targets.flatten()))
 
 
 def test_token_nll_stays_finite_where_torchmetrics_perplexity_is_inf():
@@ -73,48 +79,40 @@ def test_token_nll_stays_finite_where_torchmetrics_perplexity_is_inf():
     reference.update(logits, targets)
     assert torch.isinf(reference.compute())
 
-    metric = TokenNLL()
-    metric.update(logits, targets)
+    nll, count = window_nll(logits, targets)
+    mean = nll[0] / count[0]
     expected = F.cross_entropy(logits[0], targets[0]).double()
-    assert torch.isfinite(metric.perplexity())
-    torch.testing.assert_close(metric.compute(), expected, rtol=1e-6, atol=0)  # perplexity ~1.7e22
-    torch.testing.assert_close(metric.perplexity(), expected.exp(), rtol=1e-4, atol=0)
+    assert torch.isfinite(mean.exp())
+    torch.testing.assert_close(mean, expected, rtol=1e-6, atol=0)  # perplexity ~1.7e22
     assert expected.item() == pytest.approx((200 + 3 * math.log(5)) / 4, rel=1e-6)
 
 
 def test_token_nll_bf16_logits():
     logits = torch.randn(2, 6, 9)
     targets = torch.randint(0, 9, (2, 6))
-    metric = TokenNLL()
-    metric.update(logits.bfloat16(), targets)
+    nll, count = window_nll(logits.bfloat16(), targets)
     expected = F.cross_entropy(logits.bfloat16().float().flatten(0, 1), targets.flatten())
-    torch.testing.assert_close(metric.compute().float(), expected)
+    torch.testing.assert_close((nll.sum() / count.sum()).float(), expected)
 
 
-# ---- PositionNLL and buckets -----------------------------------------------------------------------------
-
-def test_position_nll_matches_hand_loop_with_chunked_offsets():
+def test_window_sums_per_position_match_a_hand_loop_in_any_batch_order():
     g = torch.Generator().manual_seed(1)
-    B, T, V, max_len = 3, 8, 6, 12
-    logits = torch.randn(B, T, V, generator=g)
-    targets = torch.randint(0, V, (B, T), generator=g)
-    mask = torch.rand(B, T, generator=g) > 0.25
-    metric = PositionNLL(max_len)
-    metric.update(logits[:, :5], targets[:, :5], mask[:, :5])
-    metric.update(logits[:, 5:], targets[:, 5:], mask[:, 5:], offset=5)
-
+    W, T, V = 5, 8, 6
+    logits = torch.randn(W, T, V, generator=g)
+    targets = torch.randint(0, V, (W, T), generator=g)
+    metric = WindowSums(W, T)
+    for rows in ([3, 0], [4], [1, 2]):  # windows arrive in any order, in batches of any size
+        index = torch.tensor(rows)
+        metric.update(index, token_nll(logits[index], targets[index])[0])
     log_probs = logits.double().log_softmax(-1)
-    for t in range(max_len):
-        values = [-log_probs[b, t, targets[b, t]] for b in range(B) if t < T and mask[b, t]]
-        if values:
-            assert metric.compute()[t].item() == pytest.approx(sum(values).item() / len(values), rel=1e-6)
-        else:
-            assert math.isnan(metric.compute()[t].item())
+    for w in range(W):
+        for t in range(T):
+            assert metric.compute()[w, t].item() == pytest.approx(-log_probs[w, t, targets[w, t]].item(), rel=1e-6)
 
 
-def test_position_nll_rejects_positions_past_max_len():
-    with pytest.raises(ValueError, match="max_len"):
-        PositionNLL(4).update(torch.randn(1, 3, 5), torch.zeros(1, 3, dtype=torch.long), offset=2)
+def test_window_sums_reject_a_wrong_width():
+    with pytest.raises(ValueError, match="width=4"):
+        WindowSums(3, 4).update(torch.tensor([0]), torch.zeros(1, 5))
 
 
 def test_position_buckets():
@@ -134,15 +132,6 @@ def test_bucket_mean_is_count_weighted():
     assert out[0].item() == pytest.approx(6 / 3)
     assert out[1].item() == pytest.approx(9 / 3)
     assert math.isnan(out[2].item())
-
-
-def test_position_nll_bucketed_equals_pooled_tokens():
-    logits, targets = torch.randn(2, 6, 5), torch.randint(0, 5, (2, 6))
-    metric = PositionNLL(6)
-    metric.update(logits, targets)
-    nll = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").double()  # (B, T)
-    out = metric.bucketed(torch.tensor([0, 4, 6]))
-    torch.testing.assert_close(out, torch.stack([nll[:, :4].mean(), nll[:, 4:].mean()]))
 
 
 # ---- AttentionEntropy ------------------------------------------------------------------------------------
@@ -282,23 +271,23 @@ def test_merged_instances_equal_one_instance():
     torch.testing.assert_close(first.compute(), single.compute())
     torch.testing.assert_close(summed["entropy_sum"] / summed["count"][:, None], single.compute())
 
-    logits, targets = torch.randn(4, 5, 7, generator=g), torch.randint(0, 7, (4, 5), generator=g)
-    whole, a, b = TokenNLL(), TokenNLL(), TokenNLL()
-    whole.update(logits, targets)
-    a.update(logits[:1], targets[:1])
-    b.update(logits[1:], targets[1:])
+    values = torch.randn(4, 5, generator=g)
+    whole, a, b = WindowSums(4, 5), WindowSums(4, 5), WindowSums(4, 5)
+    whole.update(torch.arange(4), values)
+    a.update(torch.tensor([0, 3]), values[[0, 3]])  # two ranks, each with its share of the windows
+    b.update(torch.tensor([1, 2]), values[[1, 2]])
     a.merge_state(b)
-    torch.testing.assert_close(a.perplexity(), whole.perplexity())
+    torch.testing.assert_close(a.compute(), whole.compute())
 
 
 def test_states_are_float64_sums_and_survive_module_to_dtype():
-    metric = PositionNLL(4)
-    assert all(metric.metric_state[name].dtype == torch.float64 for name in ("nll_sum", "count"))
-    assert all(metric._reductions[name].__name__ == "dim_zero_sum" for name in ("nll_sum", "count"))
+    metric = WindowSums(2, 4)
+    assert metric.metric_state["sums"].dtype == torch.float64
+    assert metric._reductions["sums"].__name__ == "dim_zero_sum"
     holder = torch.nn.Module()
     holder.metric = metric
     holder.to(torch.bfloat16)  # what Lightning's "bf16-true" precision does to the LightningModule
-    assert metric.nll_sum.dtype == torch.float64 and metric.count.dtype == torch.float64
-    metric.update(torch.randn(1, 4, 3), torch.zeros(1, 4, dtype=torch.long))
+    assert metric.sums.dtype == torch.float64
+    metric.update(torch.tensor([1]), torch.randn(1, 4).bfloat16())
     metric.reset()
-    assert metric.nll_sum.dtype == torch.float64
+    assert metric.sums.dtype == torch.float64

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from nope_lightning.config import PipelineStep
 from nope_lightning.run import run_stage, stage_config
-from nope_lightning.stages.pipeline import resolve_references
+from nope_lightning.steps import Instance, substitute
 from tests.conftest import REPO
 
 PIPELINE = str(REPO / "experiments/tiny.yaml")
@@ -153,9 +155,44 @@ def test_a_stopped_pipeline_kills_its_steps_process_group(tmp_path):
 
 
 def test_references_name_their_problem():
-    results = {"a": {"run_id": "r1"}}
-    assert resolve_references("checkpoint=runs:/@{a.run_id}/model", results) == "checkpoint=runs:/r1/model"
+    here = Instance(PipelineStep(id="c", stage="evaluate"), 7, (("n_layer", "2"),))
+    results = {"a[n_layer=2,seed=7]": {"run_id": "r1"}, "a[n_layer=6,seed=7]": {"run_id": "r6"}}
+    assert substitute("checkpoint=runs:/@{a.run_id}/model", here, results) == "checkpoint=runs:/r1/model"
+    assert substitute("seed=@{seed} model.n_layer=@{matrix.n_layer}", here, results) == "seed=7 model.n_layer=2"
     with pytest.raises(ValueError, match="no earlier step 'b'"):
-        resolve_references("@{b.run_id}", results)
+        substitute("@{b.run_id}", here, results)
     with pytest.raises(ValueError, match="has no result 'model'"):
-        resolve_references("@{a.model}", results)
+        substitute("@{a.model}", here, results)
+
+
+@pytest.fixture(scope="module")
+def two_seeds(tmp_path_factory, data_cache) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("pipeline_seeds")
+    os.chdir(root)
+    try:
+        result = run_stage("pipeline", stage_config("pipeline", PIPELINE, [*store(root, data_cache), "seeds=[5,6]"]))
+    finally:
+        os.chdir(REPO)
+    return root, result
+
+
+def test_two_seeds_give_per_seed_runs_and_a_report_pooled_with_intervals(two_seeds):
+    from mlflow.tracking import MlflowClient
+
+    root, result = two_seeds
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    exp = client.get_run(result["run_id"]).info.experiment_id
+    runs = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{result['run_id']}'")
+    tags = {r.data.tags["pipeline_step"]: r.data.tags for r in runs if "pipeline_step" in r.data.tags}
+    assert set(tags) == {f"{step}[seed={seed}]" for seed in (5, 6) for step in
+                         ("pretrain_nope", "pretrain_rope", *EVAL_STEPS, "search_nope")}
+    assert {tags[f"eval_nope[seed={s}]"]["seed"] for s in (5, 6)} == {"5", "6"}
+    pretrains = {r.data.tags["pipeline_step"]: r for r in runs if r.data.tags.get("stage") == "pretrain"}
+    assert pretrains["pretrain_nope[seed=5]"].data.params["seed"] == "5"  # the replicate's seed trained it
+    assert pretrains["pretrain_nope[seed=5]"].data.metrics != pretrains["pretrain_nope[seed=6]"].data.metrics
+    report = Path(result["report"]).read_text()
+    assert "2 seeds: mean over seeds, [95 % t interval across seeds]" in report
+    assert re.search(r"\| nope \| \d+\.\d \[\d+\.\d, \d+\.\d\] \|", report)  # PPL with its interval
+    claims = report.split("### Paper 001's claims, tested")[1].split("###")[0]
+    assert claims.count(" of 2 |") == 4  # every claim says on how many of the 2 seeds it holds
+    assert "(per seed: " in claims

@@ -1,5 +1,5 @@
 """Selection on validation data, reporting on test data: the lambda grid, the search's split, and the report's
-per-position buckets, claim verdicts and ablation notes (computed from hand-made results)."""
+position ranges, tables with intervals and seed counts, and ablation notes (computed from hand-made results)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ import re
 
 import pytest
 
+from nope_lightning.claims import evaluate_claim
 from nope_lightning.config import ScaleSearchConfig, load_config
-from nope_lightning.stages.report import ablation_table, bucket_ppl, claims_table, search_section
+from nope_lightning.eval.summary import octaves
+from nope_lightning.paper import CLAIMS_BY_ID
 from nope_lightning.stages.scale_search import trial_config
+from nope_lightning.stats import t_interval, wilson
+from nope_lightning.tables import ablation_table, passkey_table, ppl_tables, search_section
 
 
 def test_the_default_grid_reaches_below_one_and_must_contain_it():
@@ -29,65 +33,57 @@ def test_search_trials_score_the_validation_split():
     assert trial.split == "val" and trial.extension.temperature == 1.3 and trial.eval_lengths == [256, 512]
 
 
-def result(logppl_by_bucket: list[float], ppl: dict[int, float], train_len: int = 100, **extra) -> dict:
-    """An evaluate ``results.json`` with 8 linear position buckets of 100 tokens over 800 positions."""
-    edges = list(range(0, 801, 100))
-    return {"train_len": train_len, "split": "test", "stride": 12, "lengths": sorted(ppl), "corpora": ["kjv"],
-            "ppl": {"kjv": {str(n): {"ppl": v} for n, v in ppl.items()}},
-            "position": {"edges": edges, "logppl": {"kjv": logppl_by_bucket}}, **extra}
+def test_octaves_are_the_ranges_past_L():
+    assert octaves(128, 1024) == [(0, 128), (128, 256), (256, 512), (512, 1024)]
+    assert octaves(100, 250) == [(0, 100), (100, 200), (200, 250)]  # the last one cut at the longest window
 
 
-def test_bucket_ppl_is_the_token_weighted_mean_log_ppl_of_each_ratio_bucket():
-    r = result([1.0, 2.0, 3.0, 5.0, 4.0, 4.0, 6.0, 6.0], {100: 1.0})
-    got = bucket_ppl(r, train_len=100)
-    # [0,L) = bucket 0; [L,2L) = bucket 1; [2L,4L) = buckets 2-3; [4L,8L) = buckets 4-7
-    assert got == pytest.approx({"0-1x": math.e, "1-2x": math.e ** 2, "2-4x": math.e ** 4, "4-8x": math.e ** 5})
+def run_result(nll: float, lengths=(100, 200), passkey: list[bool] | None = None) -> dict:
+    """An evaluate ``results.json`` as the tables read it (one corpus, per-length NLL with its interval)."""
+    out = {"train_len": 100, "split": "test", "stride": 12, "lengths": list(lengths), "corpora": ["kjv"],
+           "ppl": {"kjv": {str(n): {"nll": nll + n / 1000, "nll_low": nll + n / 1000 - 0.05,
+                                    "nll_high": nll + n / 1000 + 0.05, "ppl": math.exp(nll + n / 1000)}
+                           for n in lengths}}}
+    if passkey is not None:
+        out["passkey"] = {"prompt": "compact", "samples": [[100, 0.0, str(i), ok] for i, ok in enumerate(passkey)]}
+    return out
 
 
-def test_claims_get_verdicts_from_our_numbers_and_say_when_unmeasured():
-    evals = {
-        "nope": result([3.0] + [3.5] * 3 + [4.0] * 4, {100: 30.0, 200: 40.0, 400: 60.0},
-                       entropy_by_length={"100": 2.0, "200": 3.0, "400": 4.0},
-                       passkey={"by_length": {"100": 1.0, "200": 0.6}, "overall": 0.8}),
-        "rope": result([2.9] * 8, {100: 29.0, 200: 80.0, 400: 200.0},
-                       passkey={"by_length": {"100": 0.9, "200": 0.0}, "overall": 0.45}),
-        "nope lambda=best@2x": result([3.0] * 8, {100: 31.0, 200: 35.0, 400: 50.0}),
-        "nope lambda=1.5": result([3.0] * 8, {100: 33.0, 200: 36.0, 400: 45.0}),
-    }
-    table = claims_table(evals, [{"best": {"200": 1.2, "400": 1.4}, "fit": {"a": 0.2, "r2": 0.8}}])
-    rows = {line.split(" | ")[0].lstrip("| "): line.rsplit(" | ", 1)[1].rstrip(" |")
-            for line in table.splitlines()[4:]}
-    verdict = {k.split(" (")[0]: v for k, v in rows.items()}
-    assert verdict["NoPE ≈ RoPE within L"] == "reproduced"  # 30 vs 29
-    assert verdict["NoPE degrades later than RoPE"] == "reproduced"  # x1.33 vs x2.76
-    assert verdict["NoPE breaks down past L"] == "reproduced"  # e^4 / e^3 = 2.7 >= 1.5
-    assert verdict["a uniform lambda repairs 2x"] == "reproduced"  # 35 < 40
-    assert verdict["a larger lambda hurts near PPL"] == "reproduced"  # 33 > 30
-    assert verdict["HeadScale beats the best uniform lambda at 4x"] == "not measured"
-    assert verdict["failure co-occurs with rising attention entropy"] == "reproduced"
-    assert verdict["NoPE retrieves the passkey past L where RoPE does not"] == "reproduced"  # 0.6 > 0.0
-    assert verdict["the best uniform lambda is > 1 past L and rises with length"] == "reproduced"
-    assert verdict["the per-position best lambda fits 1 + a ln s"] == "reproduced"
-    evals["rope"]["ppl"]["kjv"]["100"]["ppl"] = 20.0  # now NoPE is 50 % worse in distribution
-    evals["nope"]["passkey"]["by_length"]["100"] = 0.2  # retrieval never learned: the claim is untestable
-    table = claims_table(evals, [{"best": {"200": 1.2, "400": 1.0}, "fit": {"a": 0.1, "r2": 0.1}}])
-    assert "| NoPE ≈ RoPE within L (PPL at 1x within 10 %) | 14.6 vs 14.5 | 30.0 vs 20.0 | not reproduced |" in table
-    assert "untestable: in-distribution accuracy < 0.5 | not measured |" in table
-    assert "a = 0.100, R^2 = 0.10 | not reproduced |" in table  # a > 0 but the fit explains nothing
-    assert "1.2 at 200 / 1 at 400 | not reproduced |" in table
+def test_tables_show_intervals_seed_counts_and_a_dash_for_what_did_not_run():
+    one_seed = {"nope": {None: run_result(3.0, passkey=[True, True, False, False])},
+                "rope": {None: run_result(2.9, lengths=(100,))}}
+    text = ppl_tables(one_seed)
+    assert "1 seed: [95 % interval of the run" in text
+    assert f"| nope | {math.exp(3.1):.1f} [{math.exp(3.05):.1f}, {math.exp(3.15):.1f}] |" in text
+    assert text.split("| rope |")[1].split("|")[1].strip() == "—"  # rope was not run at 2x
+    passkey = passkey_table(one_seed)
+    low, high = wilson(2, 4).low, wilson(2, 4).high
+    assert f"| nope | 0.50 [{low:.2f}, {high:.2f}] |" in passkey
+    three = {"nope": {s: run_result(3.0 + 0.01 * s) for s in (1, 2, 3)}}
+    interval = t_interval([3.0 + 0.01 * s + 0.1 for s in (1, 2, 3)])
+    assert (f"{math.exp(interval.estimate):.1f} [{math.exp(interval.low):.1f}, {math.exp(interval.high):.1f}]"
+            in ppl_tables(three))
+    assert "3 seeds: mean over seeds, [95 % t interval across seeds]" in ppl_tables(three)
 
 
-def test_a_degenerate_ablation_and_an_edge_optimum_are_flagged():
-    evals = {"headscale 4x": result([3.0] * 8, {100: 30.0, 400: 40.0}),
-             "headscale 4x w/o init": result([3.0] * 8, {100: 30.0, 400: 40.0})}
+def test_a_degenerate_ablation_is_noted_and_an_edge_optimum_flagged():
+    table = [[1.2, 1.3]]
+    runs = {"headscale 4x": {None: {**run_result(3.0, lengths=(400,)), "temperature_table": table,
+                                    "passkey": {"samples": [[100, 0.0, "1", True]] * 10,
+                                                "by_length": {"100": 1.0}}}},
+            "headscale 4x w/o init": {None: {**run_result(3.0, lengths=(400,)), "temperature_table": table,
+                                             "passkey": {"samples": [[100, 0.0, "1", True]] * 10,
+                                                         "by_length": {"100": 1.0}}}}}
+    outcome = evaluate_claim(CLAIMS_BY_ID["no_init_loses_retrieval"], runs, 200)
+    assert outcome.verdict == "untestable"
+    text = ablation_table(runs, [outcome])
+    assert "Note: headscale 4x w/o init's temperature table is within 0.01 of headscale 4x's" in text
     search = {"best": {"256": 1.0, "512": 2.0}, "best_on_grid_edge": {"256": False, "512": True},
-              "grid": [0.8, 2.0], "split": "val", "fit": {"a": 0.1, "r2": 0.5}}
-    table = ablation_table(evals, [search])
-    assert "best lambda at 256 is 1.0, the default init" in table and "degenerate" in table
-    assert "512" not in table.split("Note:")[1]
-    text = search_section("search_nope", search)
-    assert "chosen on the val split" in text and "512: 2.0 (on the grid's edge" in text
-    assert "256: 1.0," in text
+              "grid": [0.8, 2.0], "split": "val", "fit": {"a": 0.1, "r2": 0.5},
+              "intervals": {"best": {"256": [1.0, 1.2], "512": [1.8, 2.0]}, "fit": {"a": [0.05, 0.2], "r2": [0.1, 0.7]}}}
+    text = search_section("search_nope", {1234: search})
+    assert "chosen on the val split" in text and "512: 2 [1.8, 2] (grid edge)" in text
+    assert "256: 1 [1, 1.2]," in text and "0.100 [0.050, 0.200]" in text
 
 
 def test_study_names_are_readable_and_stable():
