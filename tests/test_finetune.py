@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from mlflow.tracking import MlflowClient
 
 from nope_lightning import run as run_module
-from nope_lightning.checkpoint import load_model
+from nope_lightning.checkpoint import ModelSettings, load_model
 from nope_lightning.config import (
     EvaluateConfig,
     FinetuneConfig,
@@ -20,9 +20,9 @@ from nope_lightning.config import (
     TrackingConfig,
     load_config,
 )
+from nope_lightning.extension import load_extended
 from nope_lightning.run import run_stage, stage_config
 from nope_lightning.stages import finetune
-from nope_lightning.stages.evaluate import extension_overrides
 from tests.conftest import REPO
 
 TINY = str(REPO / "conf/finetune/tiny.yaml")
@@ -91,7 +91,7 @@ def test_the_export_rebuilds_the_finetuned_model(method, budget, steps, rope, pi
 
     store = rope["store"]
     reloaded = load_model(result["model"], store).model
-    unscaled = load_model(result["model"], store, rope_scaling=RopeScalingConfig()).model
+    unscaled = load_model(result["model"], store, ModelSettings(rope_scaling=RopeScalingConfig())).model
     with torch.no_grad():
         assert torch.equal(reloaded(probe), logits)
         assert not torch.allclose(unscaled(probe), logits)  # so the equality above needed the recorded scaling
@@ -106,7 +106,7 @@ def test_the_export_rebuilds_the_finetuned_model(method, budget, steps, rope, pi
 def test_evaluate_applies_the_exported_scaling(rope, pi_fair, probe):
     result, logits = pi_fair
     ext = EvaluateConfig(checkpoint=result["model"]).extension
-    model = load_model(result["model"], rope["store"], **extension_overrides(ext, rope["store"])).model
+    model = load_extended(result["model"], ext, rope["store"]).model
     with torch.no_grad():
         assert torch.equal(model(probe), logits)
 

@@ -2,7 +2,7 @@
 length (paper 001 §3.1, Fig 2 and Fig 7).
 
 An Optuna study (GridSampler over the lambda grid by default) whose trial at lambda is exactly
-``nope-lightning run evaluate checkpoint=… extension.temperature=lambda eval_lengths=[targets] …`` — run
+``nope-lightning run evaluate checkpoint=… extension.temperature.uniform=lambda eval_lengths=[targets] …`` — run
 through ``run_stage`` as a nested MLflow run, its command line stored on the trial so it can be replayed.
 Trials score the **validation** split (``evaluate split=val``): the lambda chosen here is reported on test
 data by later ``evaluate`` runs, never chosen on it. The objective is the mean validation log-PPL over the
@@ -10,19 +10,32 @@ target lengths; each length's log-PPL is a trial
 attribute, so the best lambda per length comes from the same trials. Per-position log-PPL at the
 longest target gives the best lambda per position bucket and the fit ``lambda = 1 + a ln(i / L)``.
 
-Output (parent MLflow run): ``scale_search.json`` (the input of HeadScale's ``init=search``), the Fig 7
-plot, and metrics ``scale_search/len{L}/best_lambda``, ``…/best_logppl``, ``scale_search/fit_a``,
+Output (parent MLflow run): ``scale_search.json`` (the input of HeadScale's ``init=search`` and of
+``extension.temperature.log_slope_fit``, read by ``nope_lightning.extension``), the Fig 7 plot, and metrics ``scale_search/len{L}/best_lambda``, ``…/best_logppl``, ``scale_search/fit_a``,
 ``scale_search/fit_r2``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from typing import Any
+
+import optuna
 
 from nope_lightning import tracking
 from nope_lightning.checkpoint import load_model
-from nope_lightning.config import EvaluateConfig, ExtensionConfig, ScaleSearchConfig, to_dict
+from nope_lightning.config import (
+    AttentionTemperature,
+    EvaluateConfig,
+    ExtensionConfig,
+    ScaleSearchConfig,
+    flatten,
+    to_dict,
+)
+from nope_lightning.eval import plots
+from nope_lightning.run import run_stage
 from nope_lightning.search import fit_log_scale, model_label, open_study, study_name
 from nope_lightning.stages.lm import check_target_len
 
@@ -30,7 +43,7 @@ from nope_lightning.stages.lm import check_target_len
 def trial_config(cfg: ScaleSearchConfig, lam: float, parent_run_id: str, number: int) -> EvaluateConfig:
     """The ``evaluate`` config of the trial at ``lam``: perplexity and per-position curves only."""
     return EvaluateConfig(
-        checkpoint=cfg.checkpoint, extension=ExtensionConfig(temperature=lam),
+        checkpoint=cfg.checkpoint, extension=ExtensionConfig(temperature=AttentionTemperature(uniform=lam)),
         tracking=dataclasses.replace(cfg.tracking, parent_run_id=parent_run_id, run_name=""),
         trainer=cfg.trainer, split="val", eval_lengths=list(cfg.target_lengths), stride=cfg.stride,
         ppl_tokens=cfg.ppl_tokens,
@@ -40,8 +53,6 @@ def trial_config(cfg: ScaleSearchConfig, lam: float, parent_run_id: str, number:
 
 def replay_command(cfg: EvaluateConfig) -> str:
     """The shell command that reruns a trial (the overrides that differ from evaluate's defaults)."""
-    from nope_lightning.config import flatten
-
     defaults = flatten(to_dict(EvaluateConfig(checkpoint=cfg.checkpoint)))
     changed = {k: v for k, v in flatten(to_dict(cfg)).items()
                if defaults.get(k) != v and not k.startswith("tracking.parent") and k != "name"}
@@ -50,10 +61,6 @@ def replay_command(cfg: EvaluateConfig) -> str:
 
 
 def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
-    import optuna
-
-    from nope_lightning.run import run_stage
-
     loaded = load_model(cfg.checkpoint, cfg.tracking)
     train_len, fingerprint = loaded.config.train_len, loaded.fingerprint
     for length in cfg.target_lengths:
@@ -98,8 +105,6 @@ def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
 
 
 def _position_curve(results_json: str, corpus: str, cfg: ScaleSearchConfig) -> dict[str, list]:
-    import json
-
     results = json.loads(results_json)
     position = results["position"]
     curve = position["logppl"].get(corpus) or next(iter(position["logppl"].values()))
@@ -108,10 +113,6 @@ def _position_curve(results_json: str, corpus: str, cfg: ScaleSearchConfig) -> d
 
 def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, fingerprint: str) -> dict[str, Any]:
     """Best lambda per target and per position bucket, the log fit, the JSON artifact and the Fig 7 plot."""
-    import math
-
-    import optuna
-
     trials = {}
     for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
         trials[round(t.params["lambda"], 6)] = t  # duplicates (concurrent workers) keep the last
@@ -151,20 +152,6 @@ def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, finger
     metrics.update({"scale_search/fit_a": fit["a"], "scale_search/fit_r2": fit["r2"]})
     tracking.log_metrics(cfg.tracking, parent, {k: v for k, v in metrics.items() if not math.isnan(v)})
     tracking.log_json(cfg.tracking, parent, summary, "scale_search.json")
-    from nope_lightning.eval import plots
-
     tracking.log_figure(cfg.tracking, parent, plots.lambda_fit(summary), "plots/lambda_fit.png")
     tracking.end_run(cfg.tracking, parent)
     return {"run_id": parent, "study": study.study_name, "trials": len(ordered), **metrics}
-
-
-def load_result(ref: str, tracking_cfg) -> dict:
-    """A scale-search result from a run id, ``runs:/<id>`` or a local ``scale_search.json``."""
-    import json
-    from pathlib import Path
-
-    path = Path(ref)
-    if not path.is_file():
-        run_id = ref.removeprefix("runs:/").split("/")[0]
-        path = tracking.download(tracking_cfg, run_id, "scale_search.json")
-    return json.loads(path.read_text())
