@@ -115,9 +115,7 @@ def load_model(ref: str, tracking: TrackingConfig, settings: ModelSettings = Mod
             raise FileNotFoundError(f"checkpoint={ref}: {folder} has no {name}; is it an export folder?")
     cfg = export_config(folder / CONFIG)
     meta = json.loads((folder / META).read_text())
-    changed = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
-               if getattr(settings, f.name) is not None}
-    model_cfg = dataclasses.replace(cfg.model, **changed)
+    model_cfg = dataclasses.replace(cfg.model, **{k: v for k, v in vars(settings).items() if v is not None})
     model = GPT(model_cfg, meta["vocab_size"], cfg.train_len)
     load_weights(model, folder / WEIGHTS)
     apply_settings(model, model_cfg.temperature)  # the weights file holds the export's own lambdas

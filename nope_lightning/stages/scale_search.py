@@ -40,15 +40,15 @@ from nope_lightning.search import fit_log_scale, model_label, open_study, study_
 from nope_lightning.stages.lm import check_target_len
 
 
-def trial_config(cfg: ScaleSearchConfig, lam: float, parent_run_id: str, number: int) -> EvaluateConfig:
-    """The ``evaluate`` config of the trial at ``lam``: perplexity and per-position curves only."""
+def trial_config(cfg: ScaleSearchConfig, temperature: float, parent_run_id: str, number: int) -> EvaluateConfig:
+    """The ``evaluate`` config of the trial at uniform ``temperature``: perplexity and per-position curves only."""
     return EvaluateConfig(
-        checkpoint=cfg.checkpoint, extension=ExtensionConfig(temperature=AttentionTemperature(uniform=lam)),
+        checkpoint=cfg.checkpoint, extension=ExtensionConfig(temperature=AttentionTemperature(uniform=temperature)),
         tracking=dataclasses.replace(cfg.tracking, parent_run_id=parent_run_id, run_name=""),
         trainer=cfg.trainer, split="val", eval_lengths=list(cfg.target_lengths), stride=cfg.stride,
         ppl_tokens=cfg.ppl_tokens,
         batch_size=cfg.batch_size, position_windows=cfg.position_windows, position_buckets=cfg.position_buckets, entropy_windows=0,
-        passkey_keys=0, longctx_samples=0, seed=cfg.seed, plots=False, name=f"scale-search-trial{number}-lam{lam:g}")
+        passkey_keys=0, longctx_samples=0, seed=cfg.seed, plots=False, name=f"scale-search-trial{number}-lam{temperature:g}")
 
 
 def replay_command(cfg: EvaluateConfig) -> str:
@@ -65,15 +65,15 @@ def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
     train_len, fingerprint = loaded.config.train_len, loaded.fingerprint
     for length in cfg.target_lengths:
         check_target_len(loaded.config, length)
-    lambdas = cfg.lambdas
-    settings = {"model": fingerprint, "split": "val", "targets": sorted(cfg.target_lengths), "grid": lambdas,
+    grid = cfg.lambdas
+    settings = {"model": fingerprint, "split": "val", "targets": sorted(cfg.target_lengths), "grid": grid,
                 "sampler": cfg.sampler,
                 "stride": cfg.stride, "ppl_tokens": cfg.ppl_tokens, "buckets": cfg.position_buckets}
     targets = ",".join(map(str, sorted(cfg.target_lengths)))
     name = cfg.study_name or study_name(
-        model_label(loaded), f"scale-search L{train_len}->{targets} {cfg.sampler} lambda {min(lambdas):g}-"
-        f"{max(lambdas):g}", settings)
-    sampler = (optuna.samplers.GridSampler({"lambda": lambdas}, seed=cfg.seed) if cfg.sampler == "grid"
+        model_label(loaded), f"scale-search L{train_len}->{targets} {cfg.sampler} lambda {min(grid):g}-"
+        f"{max(grid):g}", settings)
+    sampler = (optuna.samplers.GridSampler({"lambda": grid}, seed=cfg.seed) if cfg.sampler == "grid"
                else optuna.samplers.TPESampler(seed=cfg.seed))
     study = open_study(name, cfg.storage, sampler)
     study.set_metric_names(["val log-PPL (mean over target lengths)"])
@@ -83,9 +83,10 @@ def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
         study.set_user_attr("mlflow_run_id", parent)
 
     def objective(trial: optuna.Trial) -> float:
-        lam = round(trial.suggest_float("lambda", min(lambdas), max(lambdas),
-                                        step=None if cfg.sampler == "grid" else cfg.grid_step), 6)
-        eval_cfg = trial_config(cfg, lam, parent, trial.number)
+        # The Optuna parameter keeps its name "lambda": studies already stored resume by it.
+        temperature = round(trial.suggest_float("lambda", min(grid), max(grid),
+                                                step=None if cfg.sampler == "grid" else cfg.grid_step), 6)
+        eval_cfg = trial_config(cfg, temperature, parent, trial.number)
         trial.set_user_attr("command", replay_command(eval_cfg))
         result = run_stage("evaluate", eval_cfg)
         trial.set_user_attr("evaluate_run_id", result["run_id"])
@@ -97,8 +98,7 @@ def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
 
     # num_trials caps the study's total (0: the whole grid), so a resumed search runs only what is left.
     done = {round(t.params["lambda"], 6) for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
-    total = min(len(lambdas), cfg.num_trials or len(lambdas)) if cfg.sampler == "grid" else (cfg.num_trials
-                                                                                           or len(lambdas))
+    total = min(len(grid), cfg.num_trials or len(grid)) if cfg.sampler == "grid" else cfg.num_trials or len(grid)
     if total > len(done):
         study.optimize(objective, n_trials=total - len(done), show_progress_bar=cfg.trainer.progress_bar)
     return summarize(cfg, study, parent, train_len, fingerprint)
@@ -118,7 +118,7 @@ def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, finger
         trials[round(t.params["lambda"], 6)] = t  # duplicates (concurrent workers) keep the last
     if not trials:
         raise ValueError(f"study {study.study_name} has no completed trial yet")
-    ordered = [trials[lam] for lam in sorted(trials)]
+    ordered = [trials[temperature] for temperature in sorted(trials)]
     best = {str(n): min(ordered, key=lambda t: t.user_attrs["logppl"][str(n)]).params["lambda"]
             for n in cfg.target_lengths}
     edges = ordered[0].user_attrs["position"]["edges"]
@@ -126,7 +126,7 @@ def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, finger
     per_bucket = []
     for b, center in enumerate(centers):
         values = [(t.user_attrs["position"]["logppl"][b], t.params["lambda"]) for t in ordered]
-        values = [(v, lam) for v, lam in values if v is not None and not math.isnan(v)]
+        values = [(v, temperature) for v, temperature in values if v is not None and not math.isnan(v)]
         if values and center > train_len:
             per_bucket.append({"position": center, "s": center / train_len, "lambda": min(values)[1]})
     fit = {"a": float("nan"), "r2": float("nan")}
@@ -135,7 +135,7 @@ def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, finger
         fit = {"a": a, "r2": r2}
     # An optimum on the grid's edge may lie beyond it: the report flags it rather than trusting the value.
     grid = (min(cfg.lambdas), max(cfg.lambdas))
-    on_edge = {n: lam in grid for n, lam in best.items()}
+    on_edge = {n: temperature in grid for n, temperature in best.items()}
     summary = {
         "study": study.study_name, "model_fingerprint": fingerprint, "train_len": train_len, "split": "val",
         "checkpoint": cfg.checkpoint, "units": "1/sqrt(head_size)", "grid": list(grid), "best": best,
