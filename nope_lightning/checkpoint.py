@@ -97,25 +97,19 @@ def resolve_reference(ref: str, tracking: TrackingConfig) -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class ModelSettings:
-    """Evaluation-time ``ModelConfig`` fields to set on a loaded export; None keeps the export's own.
-    ``temperature`` must be resolved (local files, no fit: ``nope_lightning.extension`` resolves a user's)."""
-
-    temperature: AttentionTemperature | None = None
-    rope_scaling: RopeScalingConfig | None = None
-    attention_backend: str | None = None
-
-
-def load_model(ref: str, tracking: TrackingConfig, settings: ModelSettings = ModelSettings()) -> LoadedModel:
-    """Rebuild and load an exported model under ``settings``, which never change the architecture."""
+def load_model(ref: str, tracking: TrackingConfig, *, temperature: AttentionTemperature | None = None,
+               rope_scaling: RopeScalingConfig | None = None, attention_backend: str | None = None) -> LoadedModel:
+    """Rebuild and load an exported model with the evaluation-time settings given (None keeps the export's
+    own); they never change the architecture. ``temperature`` must be resolved: local files, no fit
+    (``nope_lightning.extension`` resolves a user's ``extension.temperature``)."""
     folder = resolve_reference(ref, tracking)
     for name in (WEIGHTS, CONFIG, META):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"checkpoint={ref}: {folder} has no {name}; is it an export folder?")
     cfg = export_config(folder / CONFIG)
     meta = json.loads((folder / META).read_text())
-    model_cfg = dataclasses.replace(cfg.model, **{k: v for k, v in vars(settings).items() if v is not None})
+    settings = {"temperature": temperature, "rope_scaling": rope_scaling, "attention_backend": attention_backend}
+    model_cfg = dataclasses.replace(cfg.model, **{k: v for k, v in settings.items() if v is not None})
     model = GPT(model_cfg, meta["vocab_size"], cfg.train_len)
     load_weights(model, folder / WEIGHTS)
     apply_settings(model, model_cfg.temperature)  # the weights file holds the export's own lambdas

@@ -2,11 +2,12 @@
 
 A user writes an ``ExtensionConfig`` (``extension.*``: temperatures, RoPE scaling, attention backend) whose
 temperature tables may be ``runs:/<run_id>/<artifact path>`` references and whose ``log_slope_fit`` names a
-scale-search run. ``model_settings`` turns it into the ``ModelSettings`` that ``checkpoint.load_model``
-applies: tables downloaded to local files, the fit read into ``log_slope``. A scale-search result is read
-here only (``read_scale_search``) and always checked against the model it is applied to (``scale_search_for``):
-evaluate's ``extension.temperature.log_slope_fit``, HeadScale's ``init=search`` (the best uniform temperature
-at ``target_len``) and HeadScale-log's (the fit a) all go through it.
+scale-search run. ``load_extended`` resolves it for one model (``resolve_temperature``: tables downloaded to
+local files, the fit read into ``log_slope``) and hands the typed settings to ``checkpoint.load_model``.
+A scale-search result is read here only (``read_scale_search``) and always checked against the model it is
+applied to (``scale_search_for``): evaluate's ``extension.temperature.log_slope_fit``, HeadScale's
+``init=search`` (the best uniform temperature at ``target_len``) and HeadScale-log's (the fit a) all go
+through it.
 """
 
 from __future__ import annotations
@@ -17,28 +18,19 @@ import math
 from pathlib import Path
 
 from nope_lightning import tracking
-from nope_lightning.checkpoint import (
-    LoadedModel,
-    ModelSettings,
-    load_model,
-    resolve_reference,
-    weights_fingerprint,
-)
+from nope_lightning.checkpoint import LoadedModel, load_model, resolve_reference, weights_fingerprint
 from nope_lightning.config import AttentionTemperature, ExtensionConfig, TrackingConfig
 
 
 def load_extended(checkpoint: str, ext: ExtensionConfig, tracking_cfg: TrackingConfig) -> LoadedModel:
-    """The model ``checkpoint`` (export folder, ``runs:/<id>/model`` or ``mlflow:<id>``) under ``ext``."""
+    """The model ``checkpoint`` (export folder, ``runs:/<id>/model`` or ``mlflow:<id>``) under ``ext``: its
+    temperatures and backend replace the export's; ``rope_scaling.method=none`` keeps the export's own scaling
+    (a PI/YaRN fine-tune keeps its own)."""
     folder = resolve_reference(checkpoint, tracking_cfg)
-    return load_model(str(folder), tracking_cfg, model_settings(ext, folder, tracking_cfg))
-
-
-def model_settings(ext: ExtensionConfig, folder: Path, tracking_cfg: TrackingConfig) -> ModelSettings:
-    """``ext`` resolved for the export ``folder``. ``rope_scaling.method=none`` keeps the export's own scaling
-    (a PI/YaRN fine-tune keeps its own); the temperatures and the backend replace the export's."""
-    return ModelSettings(temperature=resolve_temperature(ext.temperature, folder, tracking_cfg),
-                         rope_scaling=None if ext.rope_scaling.method == "none" else ext.rope_scaling,
-                         attention_backend=ext.attention_backend)
+    temperature = resolve_temperature(ext.temperature, folder, tracking_cfg)
+    return load_model(str(folder), tracking_cfg, temperature=temperature,
+                      rope_scaling=None if ext.rope_scaling.method == "none" else ext.rope_scaling,
+                      attention_backend=ext.attention_backend)
 
 
 def resolve_temperature(settings: AttentionTemperature, folder: Path,

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from mlflow.tracking import MlflowClient
 
 from nope_lightning import run as run_module
-from nope_lightning.checkpoint import ModelSettings, load_model
+from nope_lightning.checkpoint import load_model
 from nope_lightning.config import (
     EvaluateConfig,
     FinetuneConfig,
@@ -91,7 +91,7 @@ def test_the_export_rebuilds_the_finetuned_model(method, budget, steps, rope, pi
 
     store = rope["store"]
     reloaded = load_model(result["model"], store).model
-    unscaled = load_model(result["model"], store, ModelSettings(rope_scaling=RopeScalingConfig())).model
+    unscaled = load_model(result["model"], store, rope_scaling=RopeScalingConfig()).model
     with torch.no_grad():
         assert torch.equal(reloaded(probe), logits)
         assert not torch.allclose(unscaled(probe), logits)  # so the equality above needed the recorded scaling

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from mlflow.tracking import MlflowClient
 
 from nope_lightning import tracking
-from nope_lightning.checkpoint import ModelSettings, load_model
+from nope_lightning.checkpoint import load_model
 from nope_lightning.config import (
     AttentionTemperature,
     ExtensionConfig,
@@ -99,7 +99,7 @@ def test_only_the_temperatures_train_and_the_table_reloads(tiny_pretrained, tmp_
 
     # The saved table, loaded the way evaluate loads one (file, and runs:/ artifact), gives the same logits.
     table = AttentionTemperature(table=result["table"])
-    reloaded = load_model(tiny_pretrained["model"], store, ModelSettings(temperature=table)).model
+    reloaded = load_model(tiny_pretrained["model"], store, temperature=table).model
     assert torch.equal(temperatures(reloaded), recorder.tables[-1])
     artifact = f"runs:/{result['run_id']}/headscale/lambda.safetensors"
     ext = ExtensionConfig(temperature=AttentionTemperature(table=artifact))

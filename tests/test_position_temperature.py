@@ -13,7 +13,7 @@ import yaml
 from litgpt.model import apply_rope
 from safetensors.torch import load_file, save_file
 
-from nope_lightning.checkpoint import ModelSettings, export_model, load_model
+from nope_lightning.checkpoint import export_model, load_model
 from nope_lightning.config import (
     AttentionTemperature,
     ExtensionConfig,
@@ -299,7 +299,7 @@ def test_bad_input_is_one_line_error(export, tmp_path):
     one_line_error(lambda: fitted_slope({"model_fingerprint": "f", "fit": {"a": math.nan}}, "ref"), "no fit a")
     save_table(tmp_path / "neg.safetensors", -SLOPES - 0.1, kind=LOG_SLOPE)
     negative_table = AttentionTemperature(log_slope_table=str(tmp_path / "neg.safetensors"))
-    one_line_error(lambda: load_model(export, tracking, ModelSettings(temperature=negative_table)), ">= 0")
+    one_line_error(lambda: load_model(export, tracking, temperature=negative_table), ">= 0")
     assert ssmax_init(L) == pytest.approx(1 / math.log(L))
 
 

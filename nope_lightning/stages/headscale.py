@@ -56,7 +56,7 @@ from lightning.pytorch import seed_everything
 from lightning.pytorch.utilities import rank_zero_only
 
 from nope_lightning import tracking
-from nope_lightning.checkpoint import LoadedModel, ModelSettings, load_model
+from nope_lightning.checkpoint import LoadedModel, load_model
 from nope_lightning.config import HeadScaleConfig, OptimConfig
 from nope_lightning.data import PackedDataModule, PreparedData, prepare
 from nope_lightning.eval import plots
@@ -282,7 +282,7 @@ def log_outputs(cfg: HeadScaleConfig, run_id: str, loaded: LoadedModel, prepared
     tracking.log_artifacts(cfg.tracking, run_id, path.parent, "headscale")
     if cfg.entropy_windows:
         temperature = dataclasses.replace(loaded.config.model.temperature, **{param.table.field: str(path)})
-        tuned = load_model(str(loaded.folder), cfg.tracking, ModelSettings(temperature=temperature)).model
+        tuned = load_model(str(loaded.folder), cfg.tracking, temperature=temperature).model
         entropy = converged_entropy(tuned.to(device).eval(),
                                     validation_windows(prepared, cfg.target_len, cfg.entropy_windows))
         summary["converged_entropy"] = {"unit": "nats", "per_head": entropy.tolist(),
