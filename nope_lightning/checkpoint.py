@@ -120,9 +120,11 @@ def load_model(ref: str, tracking: TrackingConfig, *, temperature: AttentionTemp
 #: the ``AttentionTemperature`` section, and their keys there.
 LEGACY_TEMPERATURE_KEYS = {"temperature": "uniform", "temperature_table": "table", "log_scale_a": "log_slope",
                            "log_scale_table": "log_slope_table"}
-#: Weight names of exports written before the temperatures moved into ``attn.temperature``.
+#: Tensor names of exports (and of HeadScale-log's training checkpoints: ``log_scale``) written before the
+#: temperatures moved into ``attn.temperature``.
 LEGACY_WEIGHT_NAMES = {".attn.head_scale": ".attn.temperature.per_head",
-                       ".attn.position_temperature.ssmax": ".attn.temperature.ssmax"}
+                       ".attn.position_temperature.ssmax": ".attn.temperature.ssmax",
+                       ".attn.position_temperature.log_scale": ".attn.temperature.log_slope"}
 
 
 def export_config(path: Path) -> PretrainConfig:
@@ -136,7 +138,7 @@ def export_config(path: Path) -> PretrainConfig:
 
 
 def legacy_renamed(name: str) -> str:
-    """A weight's current name for its name in an export written before ``LEGACY_WEIGHT_NAMES``."""
+    """A tensor's current name for its name before the rename (``LEGACY_WEIGHT_NAMES``)."""
     for old, new in LEGACY_WEIGHT_NAMES.items():
         if name.endswith(old):
             return name.removesuffix(old) + new

@@ -197,6 +197,19 @@ def test_headscale_log_step_moves_only_the_slopes():
     assert float(log_slopes(model).min()) == 0.0
 
 
+def test_a_headscale_checkpoint_written_before_the_rename_resumes_its_values():
+    """A HeadScale-log training checkpoint holding ``attn.position_temperature.log_scale`` restores the slopes."""
+    model = tiny("nope", n_layer=2)
+    set_log_slopes(model, torch.full((2, H), 0.5))
+    module = HeadScaleLM(model, LOG, HeadScaleConfig(checkpoint="x", target_len=4 * L, init="default").optim, 10,
+                         LOG.floor(True))
+    checkpoint = {"state_dict": {f"model.transformer.h.{i}.attn.position_temperature.log_scale": SLOPES[i]
+                                 for i in range(2)}}
+    module.on_load_checkpoint(checkpoint)
+    module.load_state_dict(checkpoint["state_dict"], strict=False)
+    assert torch.equal(log_slopes(model), SLOPES)
+
+
 @pytest.fixture
 def export(tmp_path) -> str:
     """A random tiny model exported as pretrain would (config, weights, tokenizer, meta)."""
