@@ -115,17 +115,15 @@ class Parameterization:
     def floor(self, constraint: bool) -> float:
         return self.floors[0] if constraint else self.floors[1]
 
-    def state_key(self, layer: int) -> str:
-        """The trained tensor of ``layer`` in the model's state dict."""
-        return f"transformer.h.{layer}.attn.temperature.{self.attribute}"
 
-
-LAMBDA = Parameterization("per_head", set_temperatures, "lambda", PER_HEAD, "headscale/lambda.safetensors", 1.0,
-                          best_temperature, (CONSTRAINED_FLOOR, UNCONSTRAINED_FLOOR), "lambda (x 1/sqrt(d))", "")
+LAMBDA = Parameterization(attribute="per_head", write=set_temperatures, symbol="lambda", table=PER_HEAD,
+                          table_file="headscale/lambda.safetensors", default_init=1.0, from_search=best_temperature,
+                          floors=(CONSTRAINED_FLOOR, UNCONSTRAINED_FLOOR), axis="lambda (x 1/sqrt(d))", suffix="")
 # constraint=false is refused for log (HeadScaleConfig), so both of its floors are a >= 0.
-LOG = Parameterization("log_slope", set_log_slopes, "a", LOG_SLOPE, "headscale/log_scale.safetensors", 0.0,
-                       lambda result, target_len, setting: fitted_slope(result, setting), (0.0, 0.0), "slope a",
-                       "-log")
+LOG = Parameterization(attribute="log_slope", write=set_log_slopes, symbol="a", table=LOG_SLOPE,
+                       table_file="headscale/log_scale.safetensors", default_init=0.0,
+                       from_search=lambda result, target_len, setting: fitted_slope(result, setting),
+                       floors=(0.0, 0.0), axis="slope a", suffix="-log")
 PARAMETERIZATIONS = {"lambda": LAMBDA, "log": LOG}
 
 
@@ -263,7 +261,8 @@ def train(cfg: HeadScaleConfig, callbacks: Sequence, loaded: LoadedModel, prepar
     state = trained_state(trainer)
     if not trainer.is_global_zero:
         return {}
-    table = torch.stack([state[param.state_key(i)].float().cpu() for i in range(model.cfg.n_layer)])
+    names = [f"transformer.h.{i}.attn.temperature.{param.attribute}" for i in range(model.cfg.n_layer)]
+    table = torch.stack([state[name].float().cpu() for name in names])
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     symbol = param.symbol
     summary = {"checkpoint": cfg.checkpoint, "model_fingerprint": loaded.fingerprint,
