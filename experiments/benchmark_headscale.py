@@ -36,9 +36,8 @@ import torch
 
 from nope_lightning.config import FinetuneConfig, HeadScaleConfig, OptimConfig, PretrainConfig, load_config
 from nope_lightning.model import GPT, count_parameters
-from nope_lightning.model.temperature import set_log_scales
-from nope_lightning.stages.headscale import CONSTRAINED_FLOOR, HeadScaleLM
-from nope_lightning.stages.headscale_log import HeadScaleLogLM
+from nope_lightning.model.temperature import set_log_slopes
+from nope_lightning.stages.headscale import CONSTRAINED_FLOOR, LAMBDA, LOG, HeadScaleLM
 from nope_lightning.stages.lm import CausalLM, lm_loss
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,11 +113,12 @@ def main() -> None:
 
     def log_copy() -> GPT:
         model = copy()
-        set_log_scales(model, torch.full((cfg.model.n_layer, cfg.model.n_head), 0.5))
+        set_log_slopes(model, torch.full((cfg.model.n_layer, cfg.model.n_head), 0.5))
         return model
 
-    makers = {"headscale": lambda: HeadScaleLM(copy(), stage_optim(HeadScaleConfig), total, CONSTRAINED_FLOOR),
-              "headscale-log": lambda: HeadScaleLogLM(log_copy(), stage_optim(HeadScaleConfig), total),
+    optim = stage_optim(HeadScaleConfig)
+    makers = {"headscale": lambda: HeadScaleLM(copy(), LAMBDA, optim, total, CONSTRAINED_FLOOR),
+              "headscale-log": lambda: HeadScaleLM(log_copy(), LOG, optim, total, LOG.floor(True)),
               "finetune": lambda: CausalLM(copy(), stage_optim(FinetuneConfig), total)}
     names = args.only or list(makers)
     variants = [(name, False) for name in names]

@@ -145,8 +145,8 @@ def attention_lambda_ratio(cfg: PretrainConfig, vocab: int, device: torch.device
     ``rounds`` interleaved rounds of ``iters`` calls each, and ``throughput_ratio`` = plain / λ time."""
     attn = Attention(litgpt_config(cfg.model, vocab), 0).to(device)
     with torch.no_grad():
-        attn.head_scale.uniform_(1.0, 2.0)
-    attn.head_scale.requires_grad_(True)
+        attn.temperature.per_head.uniform_(1.0, 2.0)
+    attn.temperature.per_head.requires_grad_(True)
     shape = (cfg.batch_size, cfg.model.n_head, cfg.train_len, cfg.model.head_size)
     q, k, v = (torch.randn(shape, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     scale = 1.0 / math.sqrt(cfg.model.head_size)

@@ -3,7 +3,9 @@
 An export folder holds ``model.safetensors``, ``config.yaml`` (the full resolved stage config that trained
 it), ``tokenizer.json`` and ``meta.json`` (vocab size, train length, tokenizer fingerprint, step, metrics).
 Later stages name a model as ``checkpoint=<folder>``, ``checkpoint=runs:/<run_id>/model`` or
-``checkpoint=mlflow:<run_id>``; weights load with safetensors (no pickle), strictly.
+``checkpoint=mlflow:<run_id>``; weights load with safetensors (no pickle), strictly. Exports written before the
+temperatures were renamed (flat ``model.temperature``/``log_scale_*`` keys, ``attn.head_scale`` weights) load
+as they are.
 """
 
 from __future__ import annotations
@@ -11,22 +13,34 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
+from omegaconf import OmegaConf
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
-from nope_lightning.config import PretrainConfig, TrackingConfig, load_config, to_yaml
-from nope_lightning.model import GPT, resolve_temperatures, set_head_scales
+from nope_lightning import tracking as tr
+from nope_lightning.config import (
+    AttentionTemperature,
+    PretrainConfig,
+    RopeScalingConfig,
+    TrackingConfig,
+    load_config,
+    to_yaml,
+)
+from nope_lightning.model import GPT
+from nope_lightning.model.temperature import apply_settings
 
 WEIGHTS, CONFIG, TOKENIZER, META = "model.safetensors", "config.yaml", "tokenizer.json", "meta.json"
 
 
 def export_model(out: str | Path, model: GPT, cfg: Any, tokenizer_file: str | Path, meta: dict) -> Path:
     """Write an export folder (see module doc) and return it."""
-    from safetensors.torch import save_file
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -69,8 +83,6 @@ def weights_fingerprint(folder: Path) -> str:
 
 def resolve_reference(ref: str, tracking: TrackingConfig) -> Path:
     """A local export folder for ``ref`` (folder path, ``runs:/<id>/<path>`` or ``mlflow:<id>``)."""
-    from nope_lightning import tracking as tr
-
     if ref.startswith("runs:/"):
         run_id, _, artifact = ref.removeprefix("runs:/").partition("/")
         return tr.download(tracking, run_id, artifact or "model")
@@ -85,30 +97,58 @@ def resolve_reference(ref: str, tracking: TrackingConfig) -> Path:
     return path
 
 
-def load_model(ref: str, tracking: TrackingConfig, **model_overrides: Any) -> LoadedModel:
-    """Rebuild and load an exported model; ``model_overrides`` change evaluation-time model fields
-    (``temperature``, ``temperature_table``, ``rope_scaling``, ``attention_backend``), never the architecture.
-    """
+def load_model(ref: str, tracking: TrackingConfig, *, temperature: AttentionTemperature | None = None,
+               rope_scaling: RopeScalingConfig | None = None, attention_backend: str | None = None) -> LoadedModel:
+    """Rebuild and load an exported model with the evaluation-time settings given (None keeps the export's
+    own); they never change the architecture. ``temperature`` must be resolved: local files, no fit
+    (``nope_lightning.extension`` resolves a user's ``extension.temperature``)."""
     folder = resolve_reference(ref, tracking)
     for name in (WEIGHTS, CONFIG, META):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"checkpoint={ref}: {folder} has no {name}; is it an export folder?")
-    cfg = load_config(PretrainConfig, folder / CONFIG)
+    cfg = export_config(folder / CONFIG)
     meta = json.loads((folder / META).read_text())
-    model_cfg = dataclasses.replace(cfg.model, **model_overrides)
+    settings = {"temperature": temperature, "rope_scaling": rope_scaling, "attention_backend": attention_backend}
+    model_cfg = dataclasses.replace(cfg.model, **{k: v for k, v in settings.items() if v is not None})
     model = GPT(model_cfg, meta["vocab_size"], cfg.train_len)
     load_weights(model, folder / WEIGHTS)
-    set_head_scales(model, resolve_temperatures(model_cfg))
+    apply_settings(model, model_cfg.temperature)  # the weights file holds the export's own lambdas
     return LoadedModel(model, dataclasses.replace(cfg, model=model_cfg), meta, folder)
+
+
+#: The flat temperature keys of an export's ``model`` config written before ``model.temperature`` became
+#: the ``AttentionTemperature`` section, and their keys there.
+LEGACY_TEMPERATURE_KEYS = {"temperature": "uniform", "temperature_table": "table", "log_scale_a": "log_slope",
+                           "log_scale_table": "log_slope_table"}
+#: Tensor names of exports (and of HeadScale-log's training checkpoints: ``log_scale``) written before the
+#: temperatures moved into ``attn.temperature``.
+LEGACY_WEIGHT_NAMES = {".attn.head_scale": ".attn.temperature.per_head",
+                       ".attn.position_temperature.ssmax": ".attn.temperature.ssmax",
+                       ".attn.position_temperature.log_scale": ".attn.temperature.log_slope"}
+
+
+def export_config(path: Path) -> PretrainConfig:
+    """The training config of an export, whose flat legacy temperature keys move into ``model.temperature``."""
+    doc = yaml.safe_load(path.read_text())
+    model = doc.get("model") or {}
+    if isinstance(model.get("temperature", {}), dict):
+        return load_config(PretrainConfig, path)
+    model["temperature"] = {new: model.pop(old) for old, new in LEGACY_TEMPERATURE_KEYS.items() if old in model}
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(PretrainConfig), doc))
+
+
+def legacy_renamed(name: str) -> str:
+    """A tensor's current name for its name before the rename (``LEGACY_WEIGHT_NAMES``)."""
+    for old, new in LEGACY_WEIGHT_NAMES.items():
+        if name.endswith(old):
+            return name.removesuffix(old) + new
+    return name
 
 
 def load_weights(model: GPT, path: Path) -> None:
     """Strict safetensors load with one clear error for a corrupt file or another architecture."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     try:
-        state = load_file(str(path))
+        state = {legacy_renamed(k): v for k, v in load_file(str(path)).items()}
     except (SafetensorError, OSError, ValueError) as err:
         raise ValueError(f"corrupt checkpoint {path}: {err}; re-export it or train again") from None
     expected = model.state_dict()
@@ -124,8 +164,6 @@ def load_weights(model: GPT, path: Path) -> None:
 def damage(path: str | Path) -> str | None:
     """What is wrong with a Lightning checkpoint file, or None when intact. A ``.ckpt`` is a zip whose every
     record carries a CRC-32; flipped bytes in tensor data fail it (``torch.load`` itself never checks)."""
-    import zipfile
-
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()

@@ -83,18 +83,52 @@ class RopeScalingConfig:
 
 
 @dataclass
+class AttentionTemperature:
+    """The attention temperature of every head and query (``model/temperature.py``), units of 1/sqrt(d).
+
+    ``uniform``: one lambda for every head; ``table``: a per-head (n_layer, n_head) table file (.safetensors or
+    .json, what HeadScale saves), multiplied with ``uniform``. Log-length scaling ``max(1, 1 + a ln((i+1)/L))``
+    for the query at position i of a model trained at L tokens, multiplied with those, its slopes a from at
+    most one of: ``log_slope`` a given a >= 0 (0: off); ``log_slope_table`` a per-head table of slopes (what
+    HeadScale-log saves); ``log_slope_fit`` a scale-search run (id, ``runs:/<id>`` or its
+    ``scale_search.json``) whose fit a to use. Under ``extension`` a table may also be
+    ``runs:/<run_id>/<artifact path>``, and ``nope_lightning.extension`` resolves both references for the
+    evaluated model (the fit is refused when it was run on another model); under ``model`` the settings are
+    resolved ones: local files and no fit.
+    """
+
+    uniform: float = 1.0
+    table: str = ""
+    log_slope: float = 0.0
+    log_slope_table: str = ""
+    log_slope_fit: str = ""
+
+    def check(self, prefix: str, resolved: bool) -> None:
+        """Raise ``ValueError`` naming ``prefix.<key>`` for a bad value; ``resolved``: refuse references."""
+        check_range(f"{prefix}.uniform", self.uniform, 0.0, low_open=True)
+        check_range(f"{prefix}.log_slope", self.log_slope, 0.0)  # a < 0 would make max(1, ...) 1 everywhere
+        if (self.log_slope > 0) + bool(self.log_slope_table) + bool(self.log_slope_fit) > 1:
+            raise ValueError(f"{prefix}.log_slope, log_slope_table and log_slope_fit all set the slopes a: give one")
+        if not resolved:
+            return
+        if self.log_slope_fit:
+            raise ValueError(f"{prefix}.log_slope_fit: a model takes the slope itself ({prefix}.log_slope=<a>); "
+                             f"a scale-search fit is for evaluate's extension.temperature.log_slope_fit")
+        for key in ("table", "log_slope_table"):
+            if getattr(self, key).startswith("runs:/"):
+                raise ValueError(f"{prefix}.{key}: a model reads a local file; a runs:/ artifact is for "
+                                 f"evaluate's extension.temperature.{key}")
+
+
+@dataclass
 class ModelConfig:
     """Architecture of the causal LM (litgpt block: RMSNorm, SwiGLU MLP, grouped-query attention).
 
     ``n_query_groups=0`` means one key/value head per query head (plain multi-head attention).
     ``max_positions`` sizes the learned absolute-position table (and bounds every PE's usable length).
-    ``temperature`` is a uniform softmax temperature lambda in units of 1/sqrt(head_size);
-    ``temperature_table`` is a file (.safetensors or .json) with a per-head table of shape
-    (n_layer, n_head) in the same units, multiplied with ``temperature``.
-    Position-aware temperatures (``model/temperature.py``), multiplied with those: ``log_scale_a`` >= 0 is the
-    slope a of log-length scaling ``max(1, 1 + a ln((i+1)/train_len))`` for the query at position i (0: off),
-    ``log_scale_table`` a per-head table of slopes (what HeadScale-log saves; not with ``log_scale_a``);
-    ``ssmax`` pre-trains with Scalable-Softmax's learned per-head ``s ln(i+1)`` (nope, alibi, rope).
+    ``temperature``: the attention temperatures (``AttentionTemperature``, resolved: local files, no fit),
+    an evaluation-time setting like ``rope_scaling``; ``ssmax`` pre-trains with Scalable-Softmax's learned
+    per-head ``s ln(i+1)`` multiplier (nope, alibi, rope).
     """
 
     n_layer: int = 4
@@ -109,10 +143,7 @@ class ModelConfig:
     rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
-    temperature: float = 1.0
-    temperature_table: str = ""
-    log_scale_a: float = 0.0
-    log_scale_table: str = ""
+    temperature: AttentionTemperature = field(default_factory=AttentionTemperature)
     ssmax: bool = False
     attention_backend: str = "sdpa"
     init_std: float = 0.02
@@ -128,10 +159,7 @@ class ModelConfig:
         if self.n_query_groups and self.n_head % self.n_query_groups:
             raise ValueError(f"model.n_head={self.n_head} must be divisible by model.n_query_groups="
                              f"{self.n_query_groups}")
-        check_range("model.temperature", self.temperature, 0.0, low_open=True)
-        check_range("model.log_scale_a", self.log_scale_a, 0.0)  # a < 0 would make max(1, ...) 1 everywhere
-        if self.log_scale_a and self.log_scale_table:
-            raise ValueError("model.log_scale_a and model.log_scale_table both set the slopes a: give one")
+        self.temperature.check("model.temperature", resolved=True)
         if self.ssmax and self.pos_encoding not in ("nope", "alibi", "rope"):
             raise ValueError(f"model.ssmax=true supports pos_encoding nope, alibi or rope, not {self.pos_encoding}")
         check_range("model.t5_num_buckets", self.t5_num_buckets, 2)
@@ -415,28 +443,19 @@ class PrepareConfig:
 class ExtensionConfig:
     """A length-extension setting applied at evaluation time to a trained model (no training).
 
-    ``temperature``: uniform lambda (units of 1/sqrt(d)); ``temperature_table``: per-head table file or
-    ``runs:/<run_id>/<artifact path>``; ``rope_scaling``: NTK / dynamic NTK / YaRN zero-shot (or PI/YaRN
-    of a fine-tuned model) for RoPE models; ``attention_backend``: sdpa or flash. Log-length scaling
-    ``max(1, 1 + a ln((i+1)/train_len))`` per query, multiplied with the temperatures (at most one of):
-    ``log_scale_a`` a given a >= 0; ``log_scale`` a scale-search run (id, ``runs:/<id>`` or its
-    ``scale_search.json``) whose fit ``a`` to use, refused when it was run on another model;
-    ``log_scale_table`` a per-head table file or ``runs:/<run_id>/<artifact path>`` (HeadScale-log's).
+    ``temperature``: the attention temperatures (``AttentionTemperature``: uniform lambda, per-head table,
+    log-length slopes), tables as files or ``runs:/<run_id>/<artifact path>``; ``rope_scaling``: NTK /
+    dynamic NTK / YaRN zero-shot (or PI/YaRN of a fine-tuned model) for RoPE models (``method=none`` keeps
+    the model's own); ``attention_backend``: sdpa or flash. ``nope_lightning.extension`` resolves it for one
+    model.
     """
 
-    temperature: float = 1.0
-    temperature_table: str = ""
+    temperature: AttentionTemperature = field(default_factory=AttentionTemperature)
     rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
     attention_backend: str = "sdpa"
-    log_scale_a: float = 0.0
-    log_scale: str = ""
-    log_scale_table: str = ""
 
     def __post_init__(self) -> None:
-        check_range("extension.temperature", self.temperature, 0.0, low_open=True)
-        check_range("extension.log_scale_a", self.log_scale_a, 0.0)  # a < 0: max(1, ...) is 1 everywhere
-        if (self.log_scale_a > 0) + bool(self.log_scale) + bool(self.log_scale_table) > 1:
-            raise ValueError("extension.log_scale_a, log_scale and log_scale_table all set the slopes a: give one")
+        self.temperature.check("extension.temperature", resolved=False)
         check_choice("extension.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
 
 

@@ -113,7 +113,7 @@ STEPS = [
      "overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model", "target_lengths=[128,256]", "grid=[1.0,1.5]"]},
     {"id": "eval_nope", "stage": "evaluate",
      "overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model",
-                   "extension.temperature=@{search_nope.scale_search/len256/best_lambda}"]},
+                   "extension.temperature.uniform=@{search_nope.scale_search/len256/best_lambda}"]},
 ]
 
 
@@ -148,7 +148,7 @@ def test_the_unbroken_copy_plans(dry_run, tmp_path):
     (2, {"overrides": ["checkpoint=runs:/@{eval_nope.run_id}/model"]},
      "step eval_nope: @{eval_nope.run_id} refers to this step itself"),
     (2, {"overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model",
-                       "extension.temperature=@{search_nope.scale_search/len512/best_lambda}"]},
+                       "extension.temperature.uniform=@{search_nope.scale_search/len512/best_lambda}"]},
      "step eval_nope: @{search_nope.scale_search/len512/best_lambda}: step 'search_nope' has no result "
      "'scale_search/len512/best_lambda' (it has run_id, scale_search/fit_a"),
     (2, {"overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model", "eval_lengths=[64,1024]"]},

@@ -129,7 +129,7 @@ def evaluated(tiny_pretrained, tmp_path_factory) -> dict:
                  "ppl_tokens=512", "passkey_keys=1", "passkey_depths=2", "passkey_lengths=[256]",
                  "longctx_samples=1", "longctx_tasks=[multikey_retrieval]", "eval_lengths=[64,128]"]
     plain = run_stage("evaluate", stage_config("evaluate", None, overrides))
-    scaled = run_stage("evaluate", stage_config("evaluate", None, [*overrides, "extension.temperature=1.5"]))
+    scaled = run_stage("evaluate", stage_config("evaluate", None, [*overrides, "extension.temperature.uniform=1.5"]))
     return {"plain": plain, "scaled": scaled, "overrides": overrides}
 
 

@@ -20,9 +20,9 @@ from nope_lightning.config import (
     TrackingConfig,
     load_config,
 )
+from nope_lightning.extension import load_extended
 from nope_lightning.run import run_stage, stage_config
 from nope_lightning.stages import finetune
-from nope_lightning.stages.evaluate import extension_overrides
 from tests.conftest import REPO
 
 TINY = str(REPO / "conf/finetune/tiny.yaml")
@@ -106,7 +106,7 @@ def test_the_export_rebuilds_the_finetuned_model(method, budget, steps, rope, pi
 def test_evaluate_applies_the_exported_scaling(rope, pi_fair, probe):
     result, logits = pi_fair
     ext = EvaluateConfig(checkpoint=result["model"]).extension
-    model = load_model(result["model"], rope["store"], **extension_overrides(ext, rope["store"])).model
+    model = load_extended(result["model"], ext, rope["store"]).model
     with torch.no_grad():
         assert torch.equal(model(probe), logits)
 

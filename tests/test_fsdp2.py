@@ -93,7 +93,7 @@ def test_pretrain_shards_trains_every_weight_and_matches_ddp(pretrained):
     for rank in ranks:
         assert rank["dtensors"] and rank["units"] == ["", "transformer.h.0", "transformer.h.1"]  # blocks, root
         # Pre-training leaves the temperatures frozen: every other weight, and only those, got a gradient.
-        assert rank["with_grad"] == [n for n in rank["names"] if not n.endswith("attn.head_scale")]
+        assert rank["with_grad"] == [n for n in rank["names"] if not n.endswith("attn.temperature.per_head")]
     # Two ranks' gradients sum the same way under reduce-scatter and all-reduce: equal up to float32 rounding
     # (bit-identical in our runs).
     assert result["val/len64/loss"] == pytest.approx(ddp["val/len64/loss"], rel=1e-6)
@@ -123,7 +123,7 @@ def test_headscale_trains_only_the_temperatures(pretrained):
                                       *pretrained["tracking"], f"checkpoint={base['model']}", "steps=3",
                                       "entropy_windows=1", "trainer.strategy=fsdp2")
     n_layer, n_head = 2, 2  # conf/pretrain/tiny.yaml
-    temperatures = [f"transformer.h.{i}.attn.head_scale" for i in range(n_layer)]
+    temperatures = [f"transformer.h.{i}.attn.temperature.per_head" for i in range(n_layer)]
     for rank in ranks:
         assert rank["dtensors"] and rank["with_grad"] == temperatures  # no frozen weight ever got a gradient
         assert rank["trainable"] == n_layer * n_head  # freeze_for_headscale's count, on the sharded model

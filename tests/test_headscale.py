@@ -20,10 +20,16 @@ from mlflow.tracking import MlflowClient
 
 from nope_lightning import tracking
 from nope_lightning.checkpoint import load_model
-from nope_lightning.config import ExtensionConfig, HeadScaleConfig, TrackingConfig, load_config
-from nope_lightning.model import count_parameters, head_scales, set_head_scales
+from nope_lightning.config import (
+    AttentionTemperature,
+    ExtensionConfig,
+    HeadScaleConfig,
+    TrackingConfig,
+    load_config,
+)
+from nope_lightning.extension import load_extended
+from nope_lightning.model import count_parameters, set_temperatures, temperatures
 from nope_lightning.stages import headscale
-from nope_lightning.stages.evaluate import extension_overrides
 from nope_lightning.stages.headscale_search import HeadScaleSearchConfig
 from nope_lightning.stages.headscale_search import run as run_search
 from tests.conftest import REPO
@@ -68,7 +74,7 @@ class Recorder(Callback):
         self.with_grad.append({n for n, p in module.model.named_parameters() if p.grad is not None})
 
     def on_train_batch_end(self, trainer, module, *args) -> None:
-        self.tables.append(head_scales(module.model).clone())
+        self.tables.append(temperatures(module.model).clone())
 
     def on_train_end(self, trainer, module) -> None:
         self.state = {k: v.clone() for k, v in module.model.state_dict().items()}
@@ -81,7 +87,7 @@ def test_only_the_temperatures_train_and_the_table_reloads(tiny_pretrained, tmp_
     result = headscale.run(config(tiny_pretrained, tmp_path, "steps=4"), callbacks=[recorder])
     base = load_model(tiny_pretrained["model"], store).model
     n_layer, n_head = base.cfg.n_layer, base.cfg.n_head
-    scale_names = {f"transformer.h.{i}.attn.head_scale" for i in range(n_layer)}
+    scale_names = {f"transformer.h.{i}.attn.temperature.per_head" for i in range(n_layer)}
 
     assert result["step"] == 4 and recorder.trainable == n_layer * n_head
     assert recorder.with_grad == [scale_names] * 4  # no frozen weight ever got a .grad
@@ -92,10 +98,12 @@ def test_only_the_temperatures_train_and_the_table_reloads(tiny_pretrained, tmp_
     assert not torch.equal(recorder.tables[-1], torch.ones(n_layer, n_head))  # the temperatures did move
 
     # The saved table, loaded the way evaluate loads one (file, and runs:/ artifact), gives the same logits.
-    reloaded = load_model(tiny_pretrained["model"], store, temperature_table=result["table"]).model
-    assert torch.equal(head_scales(reloaded), recorder.tables[-1])
-    ext = ExtensionConfig(temperature_table=f"runs:/{result['run_id']}/headscale/lambda.safetensors")
-    via_evaluate = load_model(tiny_pretrained["model"], store, **extension_overrides(ext, store)).model
+    table = AttentionTemperature(table=result["table"])
+    reloaded = load_model(tiny_pretrained["model"], store, temperature=table).model
+    assert torch.equal(temperatures(reloaded), recorder.tables[-1])
+    artifact = f"runs:/{result['run_id']}/headscale/lambda.safetensors"
+    ext = ExtensionConfig(temperature=AttentionTemperature(table=artifact))
+    via_evaluate = load_extended(tiny_pretrained["model"], ext, store).model
     with torch.no_grad():
         assert torch.equal(reloaded(probe), recorder.logits)
         assert torch.equal(via_evaluate(probe), recorder.logits)
@@ -130,9 +138,9 @@ def test_projection_holds_after_every_step_at_a_huge_lr(tiny_pretrained, tmp_pat
 
 def test_lambda_one_reproduces_the_base_logits(export, store, probe):
     base, tuned = load_model(export, store).model, load_model(export, store).model
-    set_head_scales(tuned, torch.full((base.cfg.n_layer, base.cfg.n_head), 1.0))
-    module = headscale.HeadScaleLM(tuned, load_config(HeadScaleConfig, TINY, [f"checkpoint={export}"]).optim, 10,
-                                   headscale.CONSTRAINED_FLOOR)
+    set_temperatures(tuned, torch.full((base.cfg.n_layer, base.cfg.n_head), 1.0))
+    module = headscale.HeadScaleLM(tuned, headscale.LAMBDA, load_config(HeadScaleConfig, TINY, [f"checkpoint={export}"]).optim,
+                                   10, headscale.CONSTRAINED_FLOOR)
     with torch.no_grad():
         assert torch.equal(module.model(probe), base(probe))
 
@@ -147,13 +155,13 @@ def test_init_search_reads_a_scale_search_result(export, store, tmp_path):
     tracking.log_json(store, run_id, result, "scale_search.json")
     for ref in (str(path), run_id, f"runs:/{run_id}"):
         cfg = HeadScaleConfig(checkpoint=export, target_len=TARGET, init="search", scale_search=ref, tracking=store)
-        assert headscale.initial_lambda(cfg, loaded) == 1.35
+        assert headscale.initial_value(cfg, loaded) == 1.35
     cfg = HeadScaleConfig(checkpoint=export, target_len=512, init="search", scale_search=str(path))
     with pytest.raises(ValueError, match=r"no result for target_len=512 \(it has \['128', '256'\]\)"):
-        headscale.initial_lambda(cfg, loaded)
+        headscale.initial_value(cfg, loaded)
     path.write_text(json.dumps({**result, "model_fingerprint": "0" * 64}))
     with pytest.raises(ValueError, match="was run on another model"):
-        headscale.initial_lambda(dataclasses.replace(cfg, target_len=TARGET), loaded)
+        headscale.initial_value(dataclasses.replace(cfg, target_len=TARGET), loaded)
 
 
 def test_bad_input_is_refused_before_training(tiny_pretrained, tmp_path):

@@ -8,15 +8,15 @@ import math
 import pytest
 import torch
 
-from nope_lightning.config import ModelConfig, RopeScalingConfig
+from nope_lightning.config import AttentionTemperature, ModelConfig, RopeScalingConfig
 from nope_lightning.eval.generate import beam_search, greedy_decode
-from nope_lightning.model import GPT, set_head_scales
+from nope_lightning.model import GPT, set_temperatures
 
 VOCAB = 61
 
 SETTINGS = {
     "nope": dict(pos_encoding="nope"),
-    "nope+table": dict(pos_encoding="nope", temperature=1.3),  # a per-head table is set below
+    "nope+table": dict(pos_encoding="nope", temperature=AttentionTemperature(1.3)),  # a per-head table is set below
     "rope": dict(pos_encoding="rope"),
     "rope+pi": dict(pos_encoding="rope", rope_scaling=RopeScalingConfig("pi", 4.0)),
     "rope+ntk": dict(pos_encoding="rope", rope_scaling=RopeScalingConfig("ntk", 4.0)),
@@ -38,7 +38,7 @@ def model_for(setting: str) -> GPT:
                       **SETTINGS[setting])
     model = GPT(cfg, VOCAB, train_len=8).eval()
     if setting == "nope+table":
-        set_head_scales(model, torch.tensor([[0.6, 1.0, 1.8, 2.5], [1.2, 0.8, 3.0, 1.0]]))
+        set_temperatures(model, torch.tensor([[0.6, 1.0, 1.8, 2.5], [1.2, 0.8, 3.0, 1.0]]))
     return model
 
 

@@ -7,16 +7,18 @@ import math
 import pytest
 import torch
 
-from nope_lightning.config import ModelConfig, PretrainConfig, RopeScalingConfig, load_config
-from nope_lightning.model import GPT, count_parameters, head_scales, set_head_scales
-from nope_lightning.model.attention import (
-    alibi_slopes,
-    load_temperature_table,
-    save_temperature_table,
-    t5_buckets,
+from nope_lightning.config import (
+    AttentionTemperature,
+    ModelConfig,
+    PretrainConfig,
+    RopeScalingConfig,
+    load_config,
 )
+from nope_lightning.model import GPT, count_parameters, set_temperatures, temperatures
+from nope_lightning.model.attention import alibi_slopes, t5_buckets
 from nope_lightning.model.probes import attention_probs
 from nope_lightning.model.rope_scaling import base_inv_freq, scaled_inv_freq
+from nope_lightning.model.temperature import load_table, save_table
 from tests.conftest import REPO
 
 VOCAB = 97
@@ -50,7 +52,7 @@ def test_nope_has_no_positional_parameters_or_buffers():
 def test_per_head_temperature_equals_explicit_softmax():
     model = tiny("nope")
     lam = torch.tensor([[0.5, 1.0, 1.7, 3.0]])
-    set_head_scales(model, lam)
+    set_temperatures(model, lam)
     attn, x = model.transformer.h[0].attn, torch.randn(2, 10, 32)
     cos = sin = torch.empty(1, 10, 0)
     with torch.no_grad():
@@ -68,21 +70,21 @@ def test_unit_temperature_reproduces_the_base_model_exactly():
     idx = torch.randint(0, VOCAB, (2, 20))
     with torch.no_grad():
         base = model(idx)
-        set_head_scales(model, torch.full((2, 4), 1.3))
+        set_temperatures(model, torch.full((2, 4), 1.3))
         scaled = model(idx)
-        set_head_scales(model, torch.ones(2, 4))
+        set_temperatures(model, torch.ones(2, 4))
         again = model(idx)
     assert torch.equal(base, again) and not torch.allclose(base, scaled)
 
 
 def test_uniform_temperature_and_table_from_config(tmp_path):
     table = torch.tensor([[1.0, 1.1, 1.2, 1.3], [2.0, 1.0, 1.0, 1.5]])
-    save_temperature_table(tmp_path / "lam.safetensors", table, {"note": "test"})
-    assert torch.equal(load_temperature_table(tmp_path / "lam.json", 2, 4), table)
-    model = tiny("nope", n_layer=2, temperature=1.5, temperature_table=str(tmp_path / "lam.safetensors"))
-    assert torch.allclose(head_scales(model), 1.5 * table)
+    save_table(tmp_path / "lam.safetensors", table, {"note": "test"})
+    assert torch.equal(load_table(tmp_path / "lam.json", 2, 4), table)
+    model = tiny("nope", n_layer=2, temperature=AttentionTemperature(1.5, str(tmp_path / "lam.safetensors")))
+    assert torch.allclose(temperatures(model), 1.5 * table)
     with pytest.raises(ValueError, match="does not match"):
-        load_temperature_table(tmp_path / "lam.safetensors", 3, 4)
+        load_table(tmp_path / "lam.safetensors", 3, 4)
 
 
 def test_alibi_slopes_match_the_papers_recipe():

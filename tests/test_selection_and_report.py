@@ -30,7 +30,7 @@ def test_the_default_grid_reaches_below_one_and_must_contain_it():
 def test_search_trials_score_the_validation_split():
     cfg = ScaleSearchConfig(checkpoint="x", target_lengths=[256, 512])
     trial = trial_config(cfg, 1.3, "parent", 0)
-    assert trial.split == "val" and trial.extension.temperature == 1.3 and trial.eval_lengths == [256, 512]
+    assert trial.split == "val" and trial.extension.temperature.uniform == 1.3 and trial.eval_lengths == [256, 512]
 
 
 def test_octaves_are_the_ranges_past_L():

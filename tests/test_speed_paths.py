@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from litgpt.model import CausalSelfAttention as LitAttention
 
 from nope_lightning.config import ModelConfig
-from nope_lightning.model import GPT, set_head_scales
-from nope_lightning.stages.headscale import freeze_for_headscale
+from nope_lightning.model import GPT, set_temperatures
+from nope_lightning.stages.headscale import LAMBDA, freeze_for_headscale
 
 VOCAB, LENGTH = 64, 24
 
@@ -33,17 +33,17 @@ def test_attention_forward_is_litgpts_bit_for_bit(pe):
 
 def test_headscale_backward_skips_weights_and_its_lambda_gradient_is_exact():
     model = tiny(dtype=torch.float64, init_std=0.3)  # sharp attention: every lambda matters to the loss
-    set_head_scales(model, 1.0 + torch.rand(2, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64))
-    freeze_for_headscale(model)
+    set_temperatures(model, 1.0 + torch.rand(2, 2, generator=torch.Generator().manual_seed(2), dtype=torch.float64))
+    freeze_for_headscale(model, LAMBDA)
     batch = torch.randint(0, VOCAB, (3, LENGTH + 1), generator=torch.Generator().manual_seed(3))
 
     def loss() -> torch.Tensor:  # lm_loss would round float64 logits to float32
         return F.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
 
     loss().backward()
-    frozen = {n: p for n, p in model.named_parameters() if not n.endswith("attn.head_scale")}
+    frozen = {n: p for n, p in model.named_parameters() if not n.endswith("attn.temperature.per_head")}
     assert frozen and all(p.grad is None for p in frozen.values()), "a frozen weight received a gradient"
-    scales = [attn.head_scale for attn in model.attention_layers]
+    scales = [attn.temperature.per_head for attn in model.attention_layers]
     analytic = torch.stack([s.grad for s in scales])
     # Central differences: error ~ eps^2 (truncation) + 1e-8 / eps (litgpt's RMSNorm rounds to float32).
     eps, numeric = 1e-3, torch.zeros_like(analytic)

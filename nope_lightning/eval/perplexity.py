@@ -30,6 +30,7 @@ from lightning.pytorch import LightningDataModule, LightningModule
 from torch.utils.data import DataLoader, Dataset
 
 from nope_lightning.data.corpus import BUILTIN_CORPORA, load_documents, split_documents
+from nope_lightning.eval.entropy import mask_bias
 from nope_lightning.metrics import AttentionEntropy, WindowSums, attention_entropy_from_qk, token_nll
 from nope_lightning.model import GPT
 from nope_lightning.model.probes import attention_probe
@@ -165,13 +166,6 @@ class WindowEvaluator(LightningModule):
                 self.results["entropy", stream.corpus, stream.length] = per_window.compute().cpu()
                 heads.compute()
                 self.results["entropy_heads", stream.corpus, stream.length] = heads
-
-
-def mask_bias(mask: torch.Tensor | None):
-    """The probe's additive (1, H, T, T) mask as ``attention_entropy_from_qk``'s bias callable."""
-    if mask is None:
-        return None
-    return lambda q_pos, k_pos: mask[0][:, q_pos][:, :, k_pos]
 
 
 def split_documents_of(loaded, corpus: str, tokenizer, split: str) -> list[tuple[str, np.ndarray]]:

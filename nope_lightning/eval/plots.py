@@ -158,3 +158,22 @@ def lambda_fit(summary: Mapping):
     ax.set_title("uniform temperature search")
     fig.tight_layout()
     return fig
+
+
+def learned_vs_entropy(entropy: np.ndarray, table: np.ndarray, target_len: int, what: str, floor: float):
+    """Fig 5 style: HeadScale's learned per-head ``what`` (y: lambda in units of 1/sqrt(d), or HeadScale-log's
+    slope a) against converged attention entropy (x, nats), one colour per layer, a dotted line at ``floor``.
+    ``entropy`` and ``table`` are (n_layer, n_head)."""
+    n_layer = table.shape[0]
+    colours = plt.get_cmap("viridis")(np.linspace(0, 1, n_layer))
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for layer in range(n_layer):
+        ax.scatter(entropy[layer], table[layer], color=colours[layer], label=f"layer {layer}", s=18)
+    ax.axhline(floor, color="gray", linestyle=":", linewidth=1)
+    ax.set_xlabel(f"converged attention entropy at {target_len} (nats)")
+    ax.set_ylabel(f"learned {what}")
+    ax.set_title(f"HeadScale at {target_len}: per-head {what.split(' (')[0]} vs entropy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=max(1, n_layer // 8))
+    fig.tight_layout()
+    return fig

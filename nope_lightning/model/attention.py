@@ -1,16 +1,14 @@
-"""Causal self-attention with a per-head softmax temperature, additive position biases and two backends.
+"""Causal self-attention with attention temperatures, additive position biases and two backends.
 
-The attention logits of head h in layer l are ``lambda[l, h] * q.k / sqrt(d) + bias(i, j)`` with
-``lambda`` in units of 1/sqrt(d) (1.0 = the standard scale; the papers' "1.2" = 1.2/sqrt(d)). Fast kernels
-take one scalar scale, so lambda is folded into q (``q * lambda_h``) and the kernel keeps its scalar 1/sqrt(d):
-the result equals the explicit ``softmax(lambda_h * q k^T / sqrt(d) + bias)`` and SDPA/flash still run. A
-position-aware temperature (log-length scaling, SSMax: ``temperature.py``) multiplies each query row i by
-``tau_h(i)`` the same way, from the queries' absolute positions (0..T-1 in a full forward, the cache's
-``input_pos`` when decoding).
+The attention logits of head h in layer l for the query at position i are
+``lambda[l, h] tau_h(i) q_i.k_j / sqrt(d) + bias(i, j)``. Every temperature kind lives in ``temperature.py``;
+attention only hands its layer's ``Temperature`` the queries and their absolute positions (0..T-1 in a full
+forward, the cache's ``input_pos`` when decoding) and gets them back scaled, so the kernel keeps its scalar
+1/sqrt(d) (SDPA/flash fast paths).
 
 Position biases (ALiBi, T5) arrive as an additive float mask of shape (1, H, T, T) that already holds the
-causal -inf; ``mask=None`` means plain causal attention. A bias is added after the temperature: lambda
-scales content similarity only, which is what the papers' temperature acts on (NoPE has no bias).
+causal -inf; ``mask=None`` means plain causal attention. A bias is added after the temperature: the
+temperature scales content similarity only, which is what the papers' temperature acts on (NoPE has no bias).
 
 Incremental decoding: with a ``LayerCache`` attached (``GPT.kv_cache``) and ``input_pos`` given, each call
 writes its keys/values at their per-row positions and attends over cache slots 0..S-1, slot j holding
@@ -23,7 +21,6 @@ import functools
 import math
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -31,9 +28,8 @@ from litgpt.config import Config
 from litgpt.model import Block as LitBlock
 from litgpt.model import CausalSelfAttention as LitAttention
 from litgpt.model import apply_rope
-from torch import nn
 
-from nope_lightning.model.temperature import PositionTemperature
+from nope_lightning.model.temperature import Temperature
 
 #: probe(layer, q_scaled (B,H,T,d), k (B,H,T,d), mask (1,H,T,T) additive or None=causal)
 Probe = Callable[[int, torch.Tensor, torch.Tensor, "torch.Tensor | None"], None]
@@ -79,28 +75,16 @@ class LayerCache:
 
 
 class Attention(LitAttention):
-    """litgpt's ``CausalSelfAttention`` with ``head_scale`` (n_head,) temperatures, per-query
-    ``position_temperature`` multipliers and a backend switch.
-
-    ``head_scale`` is a parameter that pretraining leaves frozen (``requires_grad=False``); the
-    HeadScale stage makes it the only trainable tensor. ``train_len`` is L of the position temperature;
-    ``ssmax`` adds SSMax's learned per-head scale.
-    """
+    """litgpt's ``CausalSelfAttention`` with the layer's ``temperature`` (``Temperature``: per-head lambda,
+    log-length slopes, SSMax; ``train_len`` is their L, ``ssmax`` adds SSMax) and a backend switch."""
 
     def __init__(self, config: Config, block_idx: int, backend: str = "sdpa", train_len: int = 0,
                  ssmax: bool = False) -> None:
         super().__init__(config, block_idx)
-        self.head_scale = nn.Parameter(torch.ones(config.n_head), requires_grad=False)
-        self.position_temperature = PositionTemperature(config.n_head, train_len, ssmax)
+        self.temperature = Temperature(config.n_head, train_len, ssmax)
         self.backend = backend
         self.probe: Probe | None = None
         self.cache: LayerCache | None = None
-
-    def reset_parameters(self) -> None:
-        # Needed for meta-device (FSDP) init: parameters are materialised only through this hook.
-        with torch.no_grad():
-            self.head_scale.fill_(1.0)
-        self.position_temperature.reset_parameters()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None,
                 input_pos: torch.Tensor | None = None, input_pos_maxp1: int | None = None) -> torch.Tensor:
@@ -144,12 +128,7 @@ class Attention(LitAttention):
         ``mask=None`` needs S == T (square causal attention). ``positions`` (B, T): the queries' absolute
         positions (KV-cached decoding); None means 0..T-1 (a full forward, litgpt's call)."""
         scale = 1.0 / math.sqrt(self.config.head_size)
-        factor = self.head_scale.view(1, -1, 1, 1)
-        if self.position_temperature.active:
-            if positions is None:
-                positions = torch.arange(q.size(2), device=q.device)[None]
-            factor = factor * self.position_temperature(positions)  # (1 | B, H, T, 1)
-        q = q * factor.to(q.dtype)
+        q = self.temperature(q, positions)
         if self.probe is not None:
             self.probe(self.block_idx, q * scale, k, mask)
         if self.backend == "flash":
@@ -216,59 +195,3 @@ def t5_buckets(distance: torch.Tensor, num_buckets: int, max_distance: int) -> t
     log_ratio = torch.log(d.clamp(min=1).float() / max_exact) / math.log(max_distance / max_exact)
     large = (max_exact + (log_ratio * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
     return torch.where(d < max_exact, d, large)
-
-
-#: Per-head tables by key: (config setting, units, whether 0 is allowed). ``head_scale``: temperatures
-#: (HeadScale), > 0; ``log_scale``: log-length slopes a (HeadScale-log), >= 0 (``temperature.py``).
-TABLE_KINDS = {"head_scale": ("model.temperature_table", "1/sqrt(head_size)", False),
-               "log_scale": ("model.log_scale_table", "a of lambda(i) = max(1, 1 + a ln((i+1)/L)), lambda in "
-                                                      "units of 1/sqrt(head_size)", True)}
-
-
-def load_temperature_table(path: str | Path, n_layer: int, n_head: int, key: str = "head_scale") -> torch.Tensor:
-    """A per-head table (n_layer, n_head) of kind ``key`` (``TABLE_KINDS``) from .safetensors or .json.
-
-    safetensors: tensor ``key``; JSON: ``{key: [[...], ...]}`` (what HeadScale / HeadScale-log save).
-    """
-    setting, _, zero_ok = TABLE_KINDS[key]
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{setting}: no such file {path}")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        tensors = load_file(str(path))
-        if key not in tensors:
-            raise ValueError(f"{path}: no {key!r} tensor (found {sorted(tensors)})")
-        table = tensors[key]
-    elif path.suffix == ".json":
-        import json
-
-        doc = json.loads(path.read_text())
-        if key not in doc:
-            raise ValueError(f"{path}: no {key!r} table (found {sorted(doc)})")
-        table = torch.tensor(doc[key], dtype=torch.float32)
-    else:
-        raise ValueError(f"{path}: a {key} table must be .safetensors or .json")
-    if tuple(table.shape) != (n_layer, n_head):
-        raise ValueError(f"{path}: table shape {tuple(table.shape)} does not match this model's "
-                         f"(n_layer, n_head) = ({n_layer}, {n_head})")
-    if not bool((table >= 0 if zero_ok else table > 0).all()):
-        raise ValueError(f"{path}: {key} values must be {'>= 0' if zero_ok else '> 0'}")
-    return table.float()
-
-
-def save_temperature_table(path: str | Path, table: torch.Tensor, metadata: dict | None = None,
-                           key: str = "head_scale") -> None:
-    """Save an (n_layer, n_head) table of kind ``key`` as ``path`` (.safetensors) and a readable .json beside it."""
-    import json
-
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = table.detach().float().cpu().contiguous()
-    meta = {k: str(v) for k, v in (metadata or {}).items()}
-    save_file({key: table}, str(path.with_suffix(".safetensors")), metadata=meta)
-    doc = {"units": TABLE_KINDS[key][1], key: table.tolist(), "metadata": meta}
-    path.with_suffix(".json").write_text(json.dumps(doc, indent=1))

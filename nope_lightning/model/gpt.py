@@ -9,8 +9,8 @@ Position encodings (``ModelConfig.pos_encoding``), each touching the smallest pi
   as in T5.
 * ``learned`` / ``sinusoidal`` — absolute position embeddings added to the token embeddings.
 
-Position-aware temperatures (``temperature.py``): log-length scaling (``log_scale_a``/``log_scale_table``,
-an evaluation-time setting like ``temperature``) and SSMax (``ssmax``, learned in pre-training).
+Attention temperatures (``temperature.py``): ``temperature`` (uniform lambda, per-head table, log-length
+slopes: evaluation-time settings, applied here) and SSMax (``ssmax``, learned in pre-training).
 
 Shapes: ``forward(idx (B, T) int64) -> logits (B, T, padded_vocab) float``. Incremental decoding with a
 KV cache works for every encoding but dynamic NTK: ``with model.kv_cache(capacity): model(prompt_ids,
@@ -32,16 +32,9 @@ from litgpt.model import RMSNorm
 from torch import nn
 
 from nope_lightning.config import ModelConfig
-from nope_lightning.model.attention import (
-    Attention,
-    Block,
-    LayerCache,
-    alibi_slopes,
-    load_temperature_table,
-    t5_buckets,
-)
+from nope_lightning.model.attention import Attention, Block, LayerCache, alibi_slopes, t5_buckets
 from nope_lightning.model.rope_scaling import rope_cos_sin, scaled_inv_freq
-from nope_lightning.model.temperature import resolve_log_scales, set_log_scales
+from nope_lightning.model.temperature import Temperature, apply_settings
 
 
 def litgpt_config(cfg: ModelConfig, vocab_size: int) -> Config:
@@ -97,9 +90,7 @@ class GPT(nn.Module):
         elif cfg.pos_encoding == "t5":
             self.rel_bias = nn.Embedding(cfg.t5_num_buckets, cfg.n_head)
         self.reset_parameters()
-        set_head_scales(self, resolve_temperatures(cfg))
-        # Not in the state dict (non-persistent), so loading an export's weights keeps them.
-        set_log_scales(self, resolve_log_scales(cfg))
+        apply_settings(self, cfg.temperature)
         self._decode_tables: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
@@ -113,7 +104,7 @@ class GPT(nn.Module):
             if isinstance(module, nn.Linear | nn.Embedding):
                 scaled = name.endswith(("attn.proj", "mlp.proj"))
                 nn.init.normal_(module.weight, 0.0, std / math.sqrt(2 * self.cfg.n_layer) if scaled else std)
-            elif isinstance(module, RMSNorm | Attention):
+            elif isinstance(module, RMSNorm | Temperature):
                 module.reset_parameters()
 
     def rope_tables(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,28 +202,6 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x, cos, sin, mask, cache_pos)
         return self.lm_head(self.transformer.ln_f(x))
-
-
-def resolve_temperatures(cfg: ModelConfig) -> torch.Tensor:
-    """The (n_layer, n_head) temperatures a config asks for: uniform ``temperature`` x the optional table."""
-    table = torch.ones(cfg.n_layer, cfg.n_head)
-    if cfg.temperature_table:
-        table = load_temperature_table(cfg.temperature_table, cfg.n_layer, cfg.n_head)
-    return table * cfg.temperature
-
-
-def set_head_scales(model: GPT, table: torch.Tensor) -> None:
-    """Write (n_layer, n_head) temperatures (units of 1/sqrt(d)) into the attention layers."""
-    layers = model.attention_layers
-    assert tuple(table.shape) == (len(layers), layers[0].head_scale.numel()), table.shape
-    with torch.no_grad():
-        for attn, row in zip(layers, table, strict=True):
-            attn.head_scale.copy_(row)
-
-
-def head_scales(model: GPT) -> torch.Tensor:
-    """The current (n_layer, n_head) temperature table, detached."""
-    return torch.stack([attn.head_scale.detach() for attn in model.attention_layers])
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:

@@ -1,36 +1,100 @@
-"""Position-aware attention temperatures: a multiplier of each query row that depends on its absolute position.
+"""Attention temperatures: every kind, their per-head table files, and the one module that attention asks.
 
-Two kinds, per layer and head h, for the query at absolute position i (0-based) of a model trained at L tokens:
+All in units of 1/sqrt(d) (1.0 = the standard softmax scale; the papers' "1.2" = 1.2/sqrt(d)), all multiplied
+together into one multiplier ``lambda[l, h] * tau_h(i)`` of the query at absolute position i (0-based) of head h
+in layer l, for a model trained at L tokens:
 
-* **log-length scaling** — ``lambda_h(i) = max(1, 1 + a_h ln((i + 1) / L))`` with ``a_h >= 0``. It is exactly 1
-  for every query inside the training length (i + 1 <= L: the log is <= 0, so the max picks 1), so the model's
-  logits on sequences of up to L tokens are bit-identical to the plain model's; beyond L it grows like paper
-  001's fitted best uniform temperature ``1 + a ln s`` (s = extension ratio), but per query instead of per run.
-  ``a`` is an evaluation-time setting (``model.log_scale_a`` uniform, or ``model.log_scale_table`` per head,
-  what HeadScale-log learns): a non-persistent buffer, never part of an export.
-* **Scalable-Softmax** (SSMax, Nakanishi 2025, arXiv 2501.19399) — ``s_h ln n`` with n = i + 1 the number of
-  keys the causal query sees and ``s_h`` a learned parameter trained from scratch (``model.ssmax=true``).
-  Init ``s_h = 1 / ln L``: the multiplier is then exactly 1 at n = L, so at initialisation the model attends at
-  its training length exactly as the standard softmax does, and each head learns from there how much sharper
-  (n > L) or flatter (n < L) to be; any other constant would start every head off the standard scale at L.
+* **per-head temperature** ``lambda[l, h] = uniform x table[l, h]`` (``temperature.uniform``,
+  ``temperature.table``): a parameter pretraining leaves frozen (``per_head``); HeadScale trains it.
+* **log-length scaling** ``tau_h(i) = max(1, 1 + a_h ln((i + 1) / L))`` with ``a_h >= 0``
+  (``temperature.log_slope`` for every head, ``temperature.log_slope_table`` per head, what HeadScale-log
+  trains). It is exactly 1 for every query inside the training length (i + 1 <= L: the log is <= 0, so the max
+  picks 1), so the model's logits on sequences of up to L tokens are bit-identical to the plain model's;
+  beyond L it grows like paper 001's fitted best uniform temperature ``1 + a ln s`` (s = extension ratio),
+  but per query instead of per run. An evaluation-time setting: a non-persistent buffer, never in an export.
+* **Scalable-Softmax** (SSMax, Nakanishi 2025, arXiv 2501.19399) — ``tau_h(i) = s_h ln n`` with n = i + 1 the
+  number of keys the causal query sees and ``s_h`` a parameter trained from scratch (``model.ssmax=true``).
+  Init ``s_h = 1 / ln L``: the multiplier is then exactly 1 at n = L, so at initialisation the model attends
+  at its training length exactly as the standard softmax does, and each head learns from there how much
+  sharper (n > L) or flatter (n < L) to be; any other constant would start every head off the standard scale
+  at L. Supported (and tested) with nope, alibi and rope (a per-row scale of q commutes with RoPE's rotation).
 
-Both multiply the per-head temperature (``head_scale``) and fold into q, so the attention kernel keeps one
-scalar scale (SDPA/flash fast path): ``softmax(lambda_h * tau_h(i) * q_i.k_j / sqrt(d) + bias_ij)``. As for
-the per-head temperature, an additive position bias (ALiBi, T5) is not scaled. SSMax is supported (and tested)
-with nope, alibi and rope (a per-row scale of q commutes with RoPE's rotation); ``ModelConfig`` refuses others.
+Fast kernels take one scalar scale, so the multiplier is folded into q (``q * lambda_h tau_h(i)``) and the
+kernel keeps its scalar 1/sqrt(d): the result equals ``softmax(lambda_h tau_h(i) q_i.k_j / sqrt(d) + bias_ij)``
+and SDPA/flash still run. An additive position bias (ALiBi, T5) is not scaled: the temperature acts on content
+similarity only. Per-head tables travel as ``.safetensors`` + a readable ``.json`` (``TableKind``).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
-if TYPE_CHECKING:
-    from nope_lightning.config import ModelConfig
-    from nope_lightning.model.gpt import GPT
+from nope_lightning.config import AttentionTemperature
+
+
+@dataclass(frozen=True)
+class TableKind:
+    """A per-head (n_layer, n_head) table file: its tensor (and JSON) name ``key``, the ``AttentionTemperature``
+    field that names such a file, its units, and whether 0 is a valid entry."""
+
+    key: str
+    field: str
+    units: str
+    zero_ok: bool
+
+
+#: lambda tables (HeadScale's): > 0. The file keys predate the one name and stay, so old tables still load.
+PER_HEAD = TableKind("head_scale", "table", "1/sqrt(head_size)", False)
+#: slope tables a (HeadScale-log's): >= 0.
+LOG_SLOPE = TableKind("log_scale", "log_slope_table",
+                      "a of lambda(i) = max(1, 1 + a ln((i+1)/L)), lambda in units of 1/sqrt(head_size)", True)
+
+
+def load_table(path: str | Path, n_layer: int, n_head: int, kind: TableKind = PER_HEAD) -> torch.Tensor:
+    """A per-head table (n_layer, n_head) float32 of ``kind`` from .safetensors or .json.
+
+    safetensors: tensor ``kind.key``; JSON: ``{kind.key: [[...], ...]}`` (what ``save_table`` writes).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"temperature.{kind.field}: no such file {path}")
+    if path.suffix == ".safetensors":
+        tensors = load_file(str(path))
+        if kind.key not in tensors:
+            raise ValueError(f"{path}: no {kind.key!r} tensor (found {sorted(tensors)})")
+        table = tensors[kind.key]
+    elif path.suffix == ".json":
+        doc = json.loads(path.read_text())
+        if kind.key not in doc:
+            raise ValueError(f"{path}: no {kind.key!r} table (found {sorted(doc)})")
+        table = torch.tensor(doc[kind.key], dtype=torch.float32)
+    else:
+        raise ValueError(f"{path}: a {kind.key} table must be .safetensors or .json")
+    if tuple(table.shape) != (n_layer, n_head):
+        raise ValueError(f"{path}: table shape {tuple(table.shape)} does not match this model's "
+                         f"(n_layer, n_head) = ({n_layer}, {n_head})")
+    if not bool((table >= 0 if kind.zero_ok else table > 0).all()):
+        raise ValueError(f"{path}: {kind.key} values must be {'>= 0' if kind.zero_ok else '> 0'}")
+    return table.float()
+
+
+def save_table(path: str | Path, table: torch.Tensor, metadata: dict | None = None,
+               kind: TableKind = PER_HEAD) -> None:
+    """Save an (n_layer, n_head) table of ``kind`` as ``path`` (.safetensors) and a readable .json beside it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = table.detach().float().cpu().contiguous()
+    meta = {k: str(v) for k, v in (metadata or {}).items()}
+    save_file({kind.key: table}, str(path.with_suffix(".safetensors")), metadata=meta)
+    doc = {"units": kind.units, kind.key: table.tolist(), "metadata": meta}
+    path.with_suffix(".json").write_text(json.dumps(doc, indent=1))
 
 
 def ssmax_init(train_len: int) -> float:
@@ -40,93 +104,126 @@ def ssmax_init(train_len: int) -> float:
     return 1.0 / math.log(train_len)
 
 
-class PositionTemperature(nn.Module):
-    """The per-query multipliers of one attention layer.
-
-    ``log_scale`` (n_head,) or None: the slopes a_h of log-length scaling (a non-persistent buffer, set with
-    ``set_log_scales``; HeadScale-log turns it into a trainable parameter). ``ssmax`` (n_head,) or None: SSMax's
-    learned s_h (a parameter, exported with the model). With neither, the layer has no tensor at all and
-    ``forward`` is never called (``active`` is False): the plain model is untouched.
-    """
+class Temperature(nn.Module):
+    """One attention layer's temperatures: ``per_head`` (n_head,) lambda, a parameter (frozen unless HeadScale
+    trains it); ``log_slope`` (n_head,) slopes a or None, a non-persistent buffer (HeadScale-log makes it a
+    parameter); ``ssmax`` (n_head,) SSMax's learned s or None, a parameter exported with the model.
+    ``train_len`` is L."""
 
     def __init__(self, n_head: int, train_len: int, ssmax: bool = False) -> None:
         super().__init__()
         self.n_head, self.train_len = n_head, train_len
-        self.register_buffer("log_scale", None, persistent=False)
+        self.per_head = nn.Parameter(torch.ones(n_head), requires_grad=False)
+        self.register_buffer("log_slope", None, persistent=False)
         self.ssmax = nn.Parameter(torch.full((n_head,), ssmax_init(train_len))) if ssmax else None
 
-    @property
-    def active(self) -> bool:
-        return self.log_scale is not None or self.ssmax is not None
-
     def reset_parameters(self) -> None:
-        # Needed for meta-device (FSDP) init, as Attention.reset_parameters: neutral log scaling, SSMax's init.
+        # Needed for meta-device (FSDP) init, where tensors are materialised only through this hook: lambda 1,
+        # neutral log scaling, SSMax's init.
         with torch.no_grad():
-            if self.log_scale is not None:
-                self.log_scale.zero_()
+            self.per_head.fill_(1.0)
+            if self.log_slope is not None:
+                self.log_slope.zero_()
             if self.ssmax is not None:
                 self.ssmax.fill_(ssmax_init(self.train_len))
 
-    def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        """positions (B | 1, T) int (absolute query positions) -> multipliers (B | 1, n_head, T, 1) float32."""
+    def forward(self, q: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """q (B, H, T, d) -> q times each head's and query's multiplier, in q's dtype. ``positions`` (B | 1, T)
+        int: the queries' absolute positions (KV-cached decoding); None means 0..T-1 (a full forward)."""
+        factor = self.per_head.view(1, -1, 1, 1)
+        if self.log_slope is not None or self.ssmax is not None:
+            if positions is None:
+                positions = torch.arange(q.size(2), device=q.device)[None]
+            factor = factor * self.position_factor(positions)  # (1 | B, H, T, 1)
+        return q * factor.to(q.dtype)
+
+    def position_factor(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions (B | 1, T) int -> tau (B | 1, n_head, T, 1) float32: log-length scaling times SSMax."""
         n = (positions + 1).float()[:, None, :, None]  # keys a causal query sees
         scale = torch.ones_like(n)
-        if self.log_scale is not None:
+        if self.log_slope is not None:
             # Inside L the log is <= 0 and a >= 0, so the clamp returns exactly 1.0 (the bit-identity above).
-            a = self.log_scale.float().view(1, -1, 1, 1)
+            a = self.log_slope.float().view(1, -1, 1, 1)
             scale = (1.0 + a * torch.log(n / self.train_len)).clamp(min=1.0)
         if self.ssmax is not None:
             scale = scale * self.ssmax.float().view(1, -1, 1, 1) * torch.log(n)
         return scale
 
 
-def resolve_log_scales(cfg: ModelConfig) -> torch.Tensor | None:
-    """The (n_layer, n_head) slopes a a config asks for (``log_scale_table`` or a uniform ``log_scale_a``),
-    or None (no log-length scaling)."""
-    from nope_lightning.model.attention import load_temperature_table
-
-    if cfg.log_scale_table:
-        return load_temperature_table(cfg.log_scale_table, cfg.n_layer, cfg.n_head, key="log_scale")
-    if cfg.log_scale_a > 0:
-        return torch.full((cfg.n_layer, cfg.n_head), cfg.log_scale_a)
-    return None
+def layers(model: nn.Module) -> list[Temperature]:
+    """The ``Temperature`` of every attention layer of ``model``, in layer order."""
+    return [m for m in model.modules() if isinstance(m, Temperature)]
 
 
-def set_log_scales(model: GPT, table: torch.Tensor | None) -> None:
+def apply_settings(model: nn.Module, settings: AttentionTemperature) -> None:
+    """Write the lambda table and the log-length slopes that resolved ``settings`` ask for (files read here)."""
+    every = layers(model)
+    n_layer, n_head = len(every), every[0].n_head
+    table = torch.ones(n_layer, n_head)
+    if settings.table:
+        table = load_table(settings.table, n_layer, n_head)
+    set_temperatures(model, table * settings.uniform)
+    slopes = None
+    if settings.log_slope_table:
+        slopes = load_table(settings.log_slope_table, n_layer, n_head, LOG_SLOPE)
+    elif settings.log_slope > 0:
+        slopes = torch.full((n_layer, n_head), settings.log_slope)
+    set_log_slopes(model, slopes)
+
+
+def set_temperatures(model: nn.Module, table: torch.Tensor) -> None:
+    """Write the (n_layer, n_head) lambda table (units of 1/sqrt(d)) into the attention layers."""
+    every = layers(model)
+    assert tuple(table.shape) == (len(every), every[0].n_head), table.shape
+    with torch.no_grad():
+        for layer, row in zip(every, table, strict=True):
+            layer.per_head.copy_(row)
+
+
+def temperatures(model: nn.Module) -> torch.Tensor:
+    """The current (n_layer, n_head) lambda table, detached."""
+    return torch.stack([layer.per_head.detach() for layer in layers(model)])
+
+
+def set_log_slopes(model: nn.Module, table: torch.Tensor | None) -> None:
     """Write the slopes a (n_layer, n_head), >= 0, into the attention layers (None: switch log scaling off).
     A layer whose slopes are trainable (HeadScale-log) is written in place, keeping its parameter."""
-    layers = [attn.position_temperature for attn in model.attention_layers]
+    every = layers(model)
     if table is None:
-        for layer in layers:
-            layer.log_scale = None
+        for layer in every:
+            layer.log_slope = None
         return
-    assert tuple(table.shape) == (len(layers), layers[0].n_head), table.shape
+    assert tuple(table.shape) == (len(every), every[0].n_head), table.shape
     if bool((table < 0).any()):
         raise ValueError(f"log-length slopes a must be >= 0 (got min {float(table.min()):g}): with a < 0 the "
                          f"temperature max(1, 1 + a ln((i+1)/L)) is 1 everywhere")
-    device = model.lm_head.weight.device
+    device = every[0].per_head.device
     with torch.no_grad():
-        for layer, row in zip(layers, table, strict=True):
-            if isinstance(layer.log_scale, nn.Parameter):
-                layer.log_scale.copy_(row)
+        for layer, row in zip(every, table, strict=True):
+            if isinstance(layer.log_slope, nn.Parameter):
+                layer.log_slope.copy_(row)
             else:
-                layer.log_scale = row.detach().float().clone().to(device)
+                layer.log_slope = row.detach().float().clone().to(device)
 
 
-def log_scales(model: GPT) -> torch.Tensor | None:
+def log_slopes(model: nn.Module) -> torch.Tensor | None:
     """The current (n_layer, n_head) slopes a, detached, or None when log scaling is off."""
-    layers = [attn.position_temperature for attn in model.attention_layers]
-    if layers[0].log_scale is None:
+    every = layers(model)
+    if every[0].log_slope is None:
         return None
-    return torch.stack([layer.log_scale.detach() for layer in layers])
+    return torch.stack([layer.log_slope.detach() for layer in every])
 
 
-def make_log_scales_trainable(model: GPT) -> None:
-    """Turn every layer's ``log_scale`` buffer into a parameter that requires grad (HeadScale-log). It then
-    appears in ``state_dict`` as ``transformer.h.<l>.attn.position_temperature.log_scale`` (so training
-    checkpoints hold it), which an export never does: slopes leave a run as a table file only."""
-    for attn in model.attention_layers:
-        layer = attn.position_temperature
-        if layer.log_scale is None:
-            raise ValueError("set the initial slopes (set_log_scales) before making them trainable")
-        layer.log_scale = nn.Parameter(layer.log_scale.detach().clone(), requires_grad=True)
+def train_only(model: nn.Module, attribute: str) -> None:
+    """Freeze every tensor of ``model``; each layer's ``attribute`` (``per_head`` or ``log_slope``, already set)
+    becomes a trainable (n_head,) parameter. A trainable ``log_slope`` appears in ``state_dict`` (training
+    checkpoints hold it); an export never does: slopes leave a run as a table file only."""
+    model.requires_grad_(False)
+    for layer in layers(model):
+        value = getattr(layer, attribute)
+        if value is None:
+            raise ValueError(f"set the initial {attribute} before making it trainable")
+        if not isinstance(value, nn.Parameter):  # the slopes are a buffer until they are trained
+            value = nn.Parameter(value.detach().clone())
+            setattr(layer, attribute, value)
+        value.requires_grad_(True)

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from nope_lightning import tracking
-from nope_lightning.checkpoint import LoadedModel, load_model
-from nope_lightning.config import EvaluateConfig, ExtensionConfig, TrackingConfig, to_dict
+from nope_lightning.checkpoint import LoadedModel
+from nope_lightning.config import EvaluateConfig, to_dict
 from nope_lightning.data import TextTokenizer
 from nope_lightning.eval import longctx, plots, summary
 from nope_lightning.eval.harness import run_harness
@@ -38,58 +38,9 @@ from nope_lightning.eval.perplexity import (
     target_ends,
     tiled_windows,
 )
-from nope_lightning.model import head_scales
+from nope_lightning.extension import extension_label, load_extended
+from nope_lightning.model.temperature import temperatures
 from nope_lightning.run import build_trainer, check_strategy
-
-
-def extension_overrides(ext: ExtensionConfig, tracking_cfg: TrackingConfig, checkpoint: str = "") -> dict[str, Any]:
-    """Model fields set by an extension; a ``runs:/<id>/<path>`` table is downloaded first.
-
-    ``rope_scaling.method=none`` leaves the exported model's scaling alone (a PI/YaRN fine-tune keeps its own).
-    ``log_scale`` (a scale-search's fit a) is checked against the model ``checkpoint`` it will be applied to.
-    """
-    def local(table: str) -> str:
-        if not table.startswith("runs:/"):
-            return table
-        run_id, _, path = table.removeprefix("runs:/").partition("/")
-        return str(tracking.download(tracking_cfg, run_id, path))
-
-    log_scale_a = ext.log_scale_a
-    if ext.log_scale:
-        from nope_lightning.checkpoint import resolve_reference, weights_fingerprint
-        from nope_lightning.stages.headscale_log import fitted_slope
-        from nope_lightning.stages.scale_search import load_result
-
-        if not checkpoint:
-            raise ValueError("extension.log_scale needs the evaluated checkpoint (its fit must come from that model)")
-        fingerprint = weights_fingerprint(resolve_reference(checkpoint, tracking_cfg))
-        log_scale_a = fitted_slope(load_result(ext.log_scale, tracking_cfg), fingerprint,
-                                   f"extension.log_scale={ext.log_scale}")
-    overrides = {"temperature": ext.temperature, "temperature_table": local(ext.temperature_table),
-                 "log_scale_a": log_scale_a, "log_scale_table": local(ext.log_scale_table),
-                 "attention_backend": ext.attention_backend}
-    if ext.rope_scaling.method != "none":  # else keep the export's own scaling (a PI/YaRN fine-tune's)
-        overrides["rope_scaling"] = ext.rope_scaling
-    return overrides
-
-
-def extension_label(ext: ExtensionConfig) -> str:
-    """Short name of a setting for run names and tables, e.g. ``plain``, ``lam1.2``, ``table``, ``log0.3``,
-    ``logfit``, ``logtable``, ``yarn4``."""
-    parts = []
-    if ext.temperature != 1.0:
-        parts.append(f"lam{ext.temperature:g}")
-    if ext.temperature_table:
-        parts.append("table")
-    if ext.log_scale_a:
-        parts.append(f"log{ext.log_scale_a:g}")
-    if ext.log_scale:
-        parts.append("logfit")
-    if ext.log_scale_table:
-        parts.append("logtable")
-    if ext.rope_scaling.method != "none":
-        parts.append(f"{ext.rope_scaling.method}{ext.rope_scaling.factor:g}")
-    return "-".join(parts) or "plain"
 
 
 def plan_streams(cfg: EvaluateConfig, docs: dict[str, list[np.ndarray]], lengths: list[int],
@@ -113,8 +64,7 @@ def plan_streams(cfg: EvaluateConfig, docs: dict[str, list[np.ndarray]], lengths
 
 def run(cfg: EvaluateConfig) -> dict[str, Any]:
     check_strategy(cfg.trainer)
-    loaded = load_model(cfg.checkpoint, cfg.tracking, **extension_overrides(cfg.extension, cfg.tracking,
-                                                                            cfg.checkpoint))
+    loaded = load_extended(cfg.checkpoint, cfg.extension, cfg.tracking)
     local = local_results_dir(cfg, loaded)
     if (local / "metrics.json").is_file() and not (local / "logged").is_file():
         # A finished evaluation whose logging failed: log what is there instead of computing it again.
@@ -205,7 +155,7 @@ def temperature_table(model) -> dict[str, Any]:
     """The per-head temperatures (units of 1/sqrt(d)) the model is evaluated with, when they differ between
     heads: what an ablation is compared by (an ablation that converged to the full method's table tests
     nothing)."""
-    table = head_scales(model)
+    table = temperatures(model)
     return {} if bool((table == table.flatten()[0]).all()) else {"temperature_table": table.tolist()}
 
 

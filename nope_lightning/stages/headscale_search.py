@@ -21,10 +21,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import optuna
 from omegaconf import MISSING
+from optuna_integration import PyTorchLightningPruningCallback
 
 from nope_lightning import tracking
+from nope_lightning.checkpoint import load_model
 from nope_lightning.config import HeadScaleConfig, check_range, flatten, to_dict
+from nope_lightning.search import model_label, open_study, study_name
+from nope_lightning.stages import headscale
 
 
 @dataclass
@@ -100,9 +105,6 @@ def step_pruning_callback(trial, monitor: str):
     ignored with a warning). The trial records its MLflow run id (user attr ``headscale_run_id``); the run
     of a pruned trial is tagged ``optuna.pruned``.
     """
-    import optuna
-    from optuna_integration import PyTorchLightningPruningCallback
-
     class StepPruning(PyTorchLightningPruningCallback):
         def on_fit_start(self, trainer, pl_module) -> None:
             super().on_fit_start(trainer, pl_module)
@@ -121,12 +123,6 @@ def step_pruning_callback(trial, monitor: str):
 
 
 def run(cfg: HeadScaleSearchConfig) -> dict[str, Any]:
-    import optuna
-
-    from nope_lightning.checkpoint import load_model
-    from nope_lightning.search import model_label, open_study, study_name
-    from nope_lightning.stages import headscale
-
     base = cfg.base
     loaded = load_model(base.checkpoint, base.tracking)
     fingerprint = loaded.fingerprint
@@ -172,8 +168,6 @@ def run(cfg: HeadScaleSearchConfig) -> dict[str, Any]:
 
 def summarize(cfg: HeadScaleSearchConfig, study, parent: str) -> dict[str, Any]:
     """Log every trial and the best one on the study's run; returns the summary metrics."""
-    import optuna
-
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if not complete:
         raise ValueError(f"study {study.study_name} has no completed trial (all were pruned or failed)")

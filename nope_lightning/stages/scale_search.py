@@ -27,7 +27,14 @@ import optuna
 
 from nope_lightning import tracking
 from nope_lightning.checkpoint import load_model
-from nope_lightning.config import EvaluateConfig, ExtensionConfig, ScaleSearchConfig, flatten, to_dict
+from nope_lightning.config import (
+    AttentionTemperature,
+    EvaluateConfig,
+    ExtensionConfig,
+    ScaleSearchConfig,
+    flatten,
+    to_dict,
+)
 from nope_lightning.eval import plots
 from nope_lightning.eval.summary import block_size
 from nope_lightning.run import run_stage
@@ -43,16 +50,16 @@ from nope_lightning.stages.lm import check_target_len
 from nope_lightning.stats import blocks, bootstrap
 
 
-def trial_config(cfg: ScaleSearchConfig, lam: float, parent_run_id: str, number: int) -> EvaluateConfig:
-    """The ``evaluate`` config of the trial at ``lam``: perplexity and per-position curves only."""
+def trial_config(cfg: ScaleSearchConfig, temperature: float, parent_run_id: str, number: int) -> EvaluateConfig:
+    """The ``evaluate`` config of the trial at uniform ``temperature``: perplexity and per-position curves only."""
     return EvaluateConfig(
-        checkpoint=cfg.checkpoint, extension=ExtensionConfig(temperature=lam),
+        checkpoint=cfg.checkpoint, extension=ExtensionConfig(temperature=AttentionTemperature(uniform=temperature)),
         tracking=dataclasses.replace(cfg.tracking, parent_run_id=parent_run_id, run_name=""),
         trainer=cfg.trainer, split="val", eval_lengths=list(cfg.target_lengths), stride=cfg.stride,
         ppl_tokens=cfg.ppl_tokens,
         batch_size=cfg.batch_size, position_windows=cfg.position_windows, position_buckets=cfg.position_buckets,
         entropy=False, bootstrap=cfg.bootstrap, passkey_keys=0, longctx_samples=0, seed=cfg.seed, plots=False,
-        name=f"scale-search-trial{number}-lam{lam:g}")
+        name=f"scale-search-trial{number}-lam{temperature:g}")
 
 
 def replay_command(cfg: EvaluateConfig) -> str:
@@ -69,15 +76,15 @@ def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
     train_len, fingerprint = loaded.config.train_len, loaded.fingerprint
     for length in cfg.target_lengths:
         check_target_len(loaded.config, length)
-    lambdas = cfg.lambdas
-    settings = {"model": fingerprint, "split": "val", "targets": sorted(cfg.target_lengths), "grid": lambdas,
+    grid = cfg.lambdas
+    settings = {"model": fingerprint, "split": "val", "targets": sorted(cfg.target_lengths), "grid": grid,
                 "sampler": cfg.sampler,
                 "stride": cfg.stride, "ppl_tokens": cfg.ppl_tokens, "buckets": cfg.position_buckets}
     targets = ",".join(map(str, sorted(cfg.target_lengths)))
     name = cfg.study_name or study_name(
-        model_label(loaded), f"scale-search L{train_len}->{targets} {cfg.sampler} lambda {min(lambdas):g}-"
-        f"{max(lambdas):g}", settings)
-    sampler = (optuna.samplers.GridSampler({"lambda": lambdas}, seed=cfg.seed) if cfg.sampler == "grid"
+        model_label(loaded), f"scale-search L{train_len}->{targets} {cfg.sampler} lambda {min(grid):g}-"
+        f"{max(grid):g}", settings)
+    sampler = (optuna.samplers.GridSampler({"lambda": grid}, seed=cfg.seed) if cfg.sampler == "grid"
                else optuna.samplers.TPESampler(seed=cfg.seed))
     study = open_study(name, cfg.storage, sampler)
     study.set_metric_names(["val log-PPL (mean over target lengths)"])
@@ -87,9 +94,10 @@ def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
         study.set_user_attr("mlflow_run_id", parent)
 
     def objective(trial: optuna.Trial) -> float:
-        lam = round(trial.suggest_float("lambda", min(lambdas), max(lambdas),
-                                        step=None if cfg.sampler == "grid" else cfg.grid_step), 6)
-        eval_cfg = trial_config(cfg, lam, parent, trial.number)
+        # The Optuna parameter keeps its name "lambda": studies already stored resume by it.
+        temperature = round(trial.suggest_float("lambda", min(grid), max(grid),
+                                                step=None if cfg.sampler == "grid" else cfg.grid_step), 6)
+        eval_cfg = trial_config(cfg, temperature, parent, trial.number)
         trial.set_user_attr("command", replay_command(eval_cfg))
         result = run_stage("evaluate", eval_cfg)
         trial.set_user_attr("evaluate_run_id", result["run_id"])
@@ -99,8 +107,7 @@ def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
 
     # num_trials caps the study's total (0: the whole grid), so a resumed search runs only what is left.
     done = {round(t.params["lambda"], 6) for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
-    total = min(len(lambdas), cfg.num_trials or len(lambdas)) if cfg.sampler == "grid" else (cfg.num_trials
-                                                                                           or len(lambdas))
+    total = min(len(grid), cfg.num_trials or len(grid)) if cfg.sampler == "grid" else cfg.num_trials or len(grid)
     if total > len(done):
         study.optimize(objective, n_trials=total - len(done), show_progress_bar=cfg.trainer.progress_bar)
     return summarize(cfg, study, parent, train_len, fingerprint)
@@ -121,18 +128,20 @@ def trial_samples(cfg: ScaleSearchConfig, trials: list) -> dict[str, Any]:
 
 
 def selection_intervals(samples: dict, grid: list[float], train_len: int, resamples: int, seed: int) -> dict:
-    """95 % bootstrap intervals of the selection: the best lambda per target (resampling blocks of validation
-    windows, every trial on the same resample: paired) and the fit a / R^2 (resampling position windows)."""
-    lambdas = np.asarray(grid)
+    """95 % bootstrap intervals of the selection: the best temperature per target (resampling blocks of
+    validation windows, every trial on the same resample: paired) and the fit a / R^2 (resampling position
+    windows). ``grid``: the trials' temperatures, in trial order."""
+    temperatures = np.asarray(grid)
     doc = np.asarray(samples["doc"])
     out: dict[str, Any] = {"best": {}}
     for n, rows in samples["windows"].items():
         table = np.concatenate([np.asarray(r) for r in rows], axis=1)  # (windows, trials * 2)
         units = blocks(table, doc, block_size(len(table)))
-        interval = bootstrap([units], lambda s: best_on_grid(s[:, 0, 0::2] / s[:, 0, 1::2], lambdas), resamples, seed)
+        interval = bootstrap([units], lambda s: best_on_grid(s[:, 0, 0::2] / s[:, 0, 1::2], temperatures), resamples,
+                             seed)
         out["best"][n] = [interval.low, interval.high]
     try:
-        units, fit = position_fit_units(samples, lambdas, train_len)
+        units, fit = position_fit_units(samples, temperatures, train_len)
     except ValueError:
         return out
     a, r2 = (bootstrap([units], lambda s, i=i: fit(s)[i], resamples, seed) for i in (0, 1))
@@ -148,15 +157,15 @@ def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, finger
         trials[round(t.params["lambda"], 6)] = t  # duplicates (concurrent workers) keep the last
     if not trials:
         raise ValueError(f"study {study.study_name} has no completed trial yet")
-    ordered = [trials[lam] for lam in sorted(trials)]
+    ordered = [trials[temperature] for temperature in sorted(trials)]
     best = {str(n): min(ordered, key=lambda t: t.user_attrs["logppl"][str(n)]).params["lambda"]
             for n in cfg.target_lengths}
     samples = trial_samples(cfg, ordered)
-    lambdas = [t.params["lambda"] for t in ordered]
+    temperatures = [t.params["lambda"] for t in ordered]
     edges = samples["edges"]
     centers = [(a + b - 1) / 2 for a, b in zip(edges[:-1], edges[1:], strict=True)]
     curves = np.asarray(samples["position"]).sum(1) / (len(samples["position"][0]) * np.diff(edges))
-    per_bucket = [{"position": c, "s": c / train_len, "lambda": lambdas[int(np.argmin(curves[:, b]))]}
+    per_bucket = [{"position": c, "s": c / train_len, "lambda": temperatures[int(np.argmin(curves[:, b]))]}
                   for b, c in enumerate(centers) if c > train_len]
     fit = {"a": float("nan"), "r2": float("nan")}
     if len(per_bucket) >= 2:
@@ -164,14 +173,14 @@ def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, finger
         fit = {"a": a, "r2": r2}
     # An optimum on the grid's edge may lie beyond it: the report flags it rather than trusting the value.
     grid = (min(cfg.lambdas), max(cfg.lambdas))
-    on_edge = {n: lam in grid for n, lam in best.items()}
+    on_edge = {n: temperature in grid for n, temperature in best.items()}
     summary = {
         "study": study.study_name, "model_fingerprint": fingerprint, "train_len": train_len, "split": "val",
         "checkpoint": cfg.checkpoint, "units": "1/sqrt(head_size)", "grid": list(grid), "best": best,
         "best_on_grid_edge": on_edge,
         "best_logppl": {str(n): min(t.user_attrs["logppl"][str(n)] for t in ordered) for n in cfg.target_lengths},
         "per_position_best": per_bucket, "fit": fit,
-        "intervals": selection_intervals(samples, lambdas, train_len, cfg.bootstrap, cfg.seed), "samples": samples,
+        "intervals": selection_intervals(samples, temperatures, train_len, cfg.bootstrap, cfg.seed), "samples": samples,
         "trials": [{"lambda": t.params["lambda"], "logppl": t.user_attrs["logppl"],
                     "evaluate_run_id": t.user_attrs.get("evaluate_run_id"), "command": t.user_attrs.get("command")}
                    for t in ordered],
@@ -185,15 +194,3 @@ def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, finger
     tracking.log_figure(cfg.tracking, parent, plots.lambda_fit(summary), "plots/lambda_fit.png")
     tracking.end_run(cfg.tracking, parent)
     return {"run_id": parent, "study": study.study_name, "trials": len(ordered), **metrics}
-
-
-def load_result(ref: str, tracking_cfg) -> dict:
-    """A scale-search result from a run id, ``runs:/<id>`` or a local ``scale_search.json``."""
-    import json
-    from pathlib import Path
-
-    path = Path(ref)
-    if not path.is_file():
-        run_id = ref.removeprefix("runs:/").split("/")[0]
-        path = tracking.download(tracking_cfg, run_id, "scale_search.json")
-    return json.loads(path.read_text())

@@ -1,0 +1,113 @@
+"""Length-extension settings resolved for one trained model, and the one reader of scale-search results.
+
+A user writes an ``ExtensionConfig`` (``extension.*``: temperatures, RoPE scaling, attention backend) whose
+temperature tables may be ``runs:/<run_id>/<artifact path>`` references and whose ``log_slope_fit`` names a
+scale-search run. ``load_extended`` resolves it for one model (``resolve_temperature``: tables downloaded to
+local files, the fit read into ``log_slope``) and hands the typed settings to ``checkpoint.load_model``.
+A scale-search result is read here only (``read_scale_search``) and always checked against the model it is
+applied to (``scale_search_for``): evaluate's ``extension.temperature.log_slope_fit``, HeadScale's
+``init=search`` (the best uniform temperature at ``target_len``) and HeadScale-log's (the fit a) all go
+through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+from nope_lightning import tracking
+from nope_lightning.checkpoint import LoadedModel, load_model, resolve_reference, weights_fingerprint
+from nope_lightning.config import AttentionTemperature, ExtensionConfig, TrackingConfig
+
+
+def load_extended(checkpoint: str, ext: ExtensionConfig, tracking_cfg: TrackingConfig) -> LoadedModel:
+    """The model ``checkpoint`` (export folder, ``runs:/<id>/model`` or ``mlflow:<id>``) under ``ext``: its
+    temperatures and backend replace the export's; ``rope_scaling.method=none`` keeps the export's own scaling
+    (a PI/YaRN fine-tune keeps its own)."""
+    folder = resolve_reference(checkpoint, tracking_cfg)
+    temperature = resolve_temperature(ext.temperature, folder, tracking_cfg)
+    return load_model(str(folder), tracking_cfg, temperature=temperature,
+                      rope_scaling=None if ext.rope_scaling.method == "none" else ext.rope_scaling,
+                      attention_backend=ext.attention_backend)
+
+
+def resolve_temperature(settings: AttentionTemperature, folder: Path,
+                        tracking_cfg: TrackingConfig) -> AttentionTemperature:
+    """``settings`` with its ``runs:/`` tables downloaded and its ``log_slope_fit`` read into ``log_slope``
+    (refused when the scale-search ran on another model than the export ``folder``)."""
+    log_slope = settings.log_slope
+    if settings.log_slope_fit:
+        setting = f"extension.temperature.log_slope_fit={settings.log_slope_fit}"
+        result = scale_search_for(settings.log_slope_fit, tracking_cfg, weights_fingerprint(folder), setting)
+        log_slope = fitted_slope(result, setting)
+    return dataclasses.replace(settings, table=local_file(settings.table, tracking_cfg), log_slope=log_slope,
+                               log_slope_table=local_file(settings.log_slope_table, tracking_cfg), log_slope_fit="")
+
+
+def local_file(ref: str, tracking_cfg: TrackingConfig) -> str:
+    """A local path for ``ref``: a ``runs:/<run_id>/<artifact path>`` is downloaded, anything else is kept."""
+    if not ref.startswith("runs:/"):
+        return ref
+    run_id, _, path = ref.removeprefix("runs:/").partition("/")
+    return str(tracking.download(tracking_cfg, run_id, path))
+
+
+def read_scale_search(ref: str, tracking_cfg: TrackingConfig) -> dict:
+    """A scale-search result (its ``scale_search.json``) from a run id, ``runs:/<id>`` or a local file."""
+    path = Path(ref)
+    if not path.is_file():
+        run_id = ref.removeprefix("runs:/").split("/")[0]
+        path = tracking.download(tracking_cfg, run_id, "scale_search.json")
+    return json.loads(path.read_text())
+
+
+def scale_search_for(ref: str, tracking_cfg: TrackingConfig, fingerprint: str, setting: str) -> dict:
+    """The scale-search result ``ref``, refused when it was run on another model than ``fingerprint`` (the
+    weights' sha256); ``setting`` names it in the one-line errors."""
+    result = read_scale_search(ref, tracking_cfg)
+    if result.get("model_fingerprint") != fingerprint:
+        raise ValueError(f"{setting} was run on another model (fingerprint {str(result.get('model_fingerprint'))[:12]}, "
+                         f"this checkpoint is {fingerprint[:12]}); run scale-search on this checkpoint")
+    return result
+
+
+def best_temperature(result: dict, target_len: int, setting: str) -> float:
+    """The best uniform temperature (units of 1/sqrt(d)) at ``target_len`` of a scale-search ``result``."""
+    best = result.get("best", {})
+    if str(target_len) not in best:
+        raise ValueError(f"{setting} has no result for target_len={target_len} (it has "
+                         f"{sorted(best, key=int)}); run scale-search with target_lengths including {target_len}")
+    return float(best[str(target_len)])
+
+
+def fitted_slope(result: dict, setting: str) -> float:
+    """The fit ``a`` of ``lambda = 1 + a ln s`` in a scale-search ``result``, >= 0."""
+    a = float(result.get("fit", {}).get("a", math.nan))
+    if math.isnan(a):
+        raise ValueError(f"{setting} has no fit a (it needs per-position best lambdas in >= 2 buckets beyond "
+                         f"train_len: search a longer target length)")
+    if a < 0:
+        raise ValueError(f"{setting} fit a={a:.4g} < 0 (its best temperature falls with position); log-length "
+                         f"scaling needs a >= 0")
+    return a
+
+
+def extension_label(ext: ExtensionConfig) -> str:
+    """Short name of a setting for run names and tables, e.g. ``plain``, ``lam1.2``, ``table``, ``log0.3``,
+    ``logfit``, ``logtable``, ``yarn4``."""
+    temperature, parts = ext.temperature, []
+    if temperature.uniform != 1.0:
+        parts.append(f"lam{temperature.uniform:g}")
+    if temperature.table:
+        parts.append("table")
+    if temperature.log_slope:
+        parts.append(f"log{temperature.log_slope:g}")
+    if temperature.log_slope_fit:
+        parts.append("logfit")
+    if temperature.log_slope_table:
+        parts.append("logtable")
+    if ext.rope_scaling.method != "none":
+        parts.append(f"{ext.rope_scaling.method}{ext.rope_scaling.factor:g}")
+    return "-".join(parts) or "plain"
