@@ -26,7 +26,7 @@ from nope_lightning.model.probes import attention_probs
 from nope_lightning.model.temperature import log_scales, set_log_scales, ssmax_init
 from nope_lightning.stages.evaluate import extension_label, extension_overrides
 from nope_lightning.stages.headscale_log import HeadScaleLogLM, fitted_slope
-from nope_lightning.stages.lm import lm_loss
+from nope_lightning.training.module import lm_loss
 from tests.conftest import REPO
 
 VOCAB, L, H, HS = 61, 8, 4, 8

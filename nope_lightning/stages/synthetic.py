@@ -36,17 +36,19 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from lightning.pytorch import LightningDataModule
+from lightning.pytorch import LightningDataModule, seed_everything
+from safetensors.torch import save_file
 from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric
 
 from nope_lightning import tracking
 from nope_lightning.config import ModelConfig, TrainerConfig
 from nope_lightning.eval.generate import greedy_decode
-from nope_lightning.model import GPT
-from nope_lightning.stages.lm import CausalLM, lm_loss
+from nope_lightning.model import GPT, count_parameters
 from nope_lightning.synthetic import Example, Vocabulary, analysis, exact_match, length_bucket, make_split
 from nope_lightning.synthetic.config import PAPER_NAMES, SyntheticConfig, SyntheticGridConfig
+from nope_lightning.training.module import CausalLM, lm_loss
+from nope_lightning.training.trainer import build_trainer, check_strategy
 
 IGNORE = -100  # F.cross_entropy's ignore_index: labels of non-target positions
 N_ERRORS = 5  # wrong OOD predictions kept in results.json, for a look at how a model fails
@@ -214,11 +216,6 @@ class Trained(NamedTuple):
 
 def train_and_evaluate(cfg: SyntheticConfig) -> Trained:
     """Train, select on ID validation, decode ID + OOD, log everything to a new MLflow run."""
-    from lightning.pytorch import seed_everything
-
-    from nope_lightning.model import count_parameters
-    from nope_lightning.run import build_trainer, check_strategy
-
     check_strategy(cfg.trainer)
     data = SyntheticData(cfg)
     check_fits(data, cfg.model, cfg.eval.extra_new_tokens)
@@ -273,8 +270,6 @@ def log_run(cfg: SyntheticConfig, result: dict[str, Any], model: GPT) -> None:
     tracking.log_figure(cfg.tracking, run_id, analysis.plot_curves({cfg.pos_encoding: curve}, cfg.train_max,
                                                                    title, "exact match"), "per_length_acc.png")
     if cfg.log_model:
-        from safetensors.torch import save_file
-
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model.safetensors"
             save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(path))
