@@ -57,7 +57,7 @@ STAGES: dict[str, Stage] = {
     "synthetic": Stage("nope_lightning.synthetic.config:SyntheticConfig", "nope_lightning.stages.synthetic:run",
                        "paper-002 task suite: one (task, PE, seed), exact match per length bucket"),
     "synthetic-grid": Stage("nope_lightning.synthetic.config:SyntheticGridConfig",
-                            "nope_lightning.stages.synthetic:run_grid",
+                            "nope_lightning.stages.synthetic_grid:run",
                             "tasks x PEs x seeds under one parent run: OOD table, MRR (ties averaged)"),
     "pipeline": Stage("nope_lightning.config:PipelineConfig", "nope_lightning.stages.pipeline:run",
                       "an experiment file: stages chained through MLflow, resumable, one parent run"),
