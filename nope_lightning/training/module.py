@@ -1,4 +1,6 @@
-"""The causal-LM LightningModule shared by the training stages (pretrain, finetune, headscale, synthetic).
+"""The causal-LM LightningModule shared by the training stages (pretrain, finetune, headscale, synthetic), the
+trained model gathered on rank 0 (``trained_state``, ``trained_model``), and the checks on a loaded model's
+inputs that the length-extension stages share (``check_target_len``, ``check_tokenizer``).
 
 Subclasses override one hook: ``trainable_parameters`` (what the optimizer sees) and, if needed,
 ``param_groups``. Batches are (B, T+1) token windows: inputs ``[:, :-1]``, targets ``[:, 1:]``.
