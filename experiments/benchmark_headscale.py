@@ -38,7 +38,7 @@ from nope_lightning.config import FinetuneConfig, HeadScaleConfig, OptimConfig, 
 from nope_lightning.model import GPT, count_parameters
 from nope_lightning.model.temperature import set_log_slopes
 from nope_lightning.stages.headscale import CONSTRAINED_FLOOR, LAMBDA, LOG, HeadScaleLM
-from nope_lightning.stages.lm import CausalLM, lm_loss
+from nope_lightning.training.module import CausalLM, lm_loss
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,6 +22,7 @@ validation; each setting keeps the best of ``--repeats`` interleaved runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import tempfile
@@ -29,13 +30,15 @@ import time
 from pathlib import Path
 
 import torch
+from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import Callback
 
 from nope_lightning.config import PretrainConfig, load_config
 from nope_lightning.data import PackedDataModule, prepare
 from nope_lightning.data.datamodule import sample_batch
 from nope_lightning.model import GPT
-from nope_lightning.stages.lm import CausalLM, lm_loss, warmup_cosine
+from nope_lightning.training.module import CausalLM, lm_loss, warmup_cosine
+from nope_lightning.training.trainer import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -109,12 +112,6 @@ def bare_loop(cfg: PretrainConfig, vocab: int, tokens, steps: int, warmup: int, 
 
 def stage_loop(cfg: PretrainConfig, prepared, steps: int, warmup: int, threads: int, devices: int = 1) -> float:
     """tokens/s (all processes together) of the stage's Lightning path."""
-    import dataclasses
-
-    from lightning.pytorch import seed_everything
-
-    from nope_lightning.run import build_trainer
-
     seed_everything(cfg.seed, verbose=False)
     trainer_cfg = dataclasses.replace(cfg.trainer, max_steps=steps, threads=threads, devices=devices,
                                       accelerator="cpu", strategy="ddp_spawn" if devices > 1 else "auto",

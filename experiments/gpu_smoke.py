@@ -2,7 +2,7 @@
 of it), printing throughput, MFU and the cost of HeadScale's per-head temperature on the attention kernel.
 
 It trains ``conf/pretrain/tinyllama-1.1b.yaml`` (``--size`` picks a smaller cut by n_layer/n_embd) through the
-project's own path, ``GPT`` + ``CausalLM`` + ``run.build_trainer`` with ``trainer.strategy=fsdp2`` and
+project's own path, ``GPT`` + ``CausalLM`` + ``build_trainer`` with ``trainer.strategy=fsdp2`` and
 ``bf16-mixed``, on random token ids (throughput does not depend on the text, and no corpus is needed), for
 ``--steps`` optimizer steps, and prints one JSON object (rank 0):
 
@@ -50,8 +50,8 @@ from nope_lightning.config import PretrainConfig, load_config
 from nope_lightning.model import GPT, count_parameters
 from nope_lightning.model.attention import Attention
 from nope_lightning.model.gpt import litgpt_config
-from nope_lightning.run import build_trainer
-from nope_lightning.stages.lm import CausalLM
+from nope_lightning.training.module import CausalLM
+from nope_lightning.training.trainer import build_trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark script, run from anywhere
 from benchmark_pretrain import model_flops_per_token  # noqa: E402

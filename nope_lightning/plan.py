@@ -19,9 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from nope_lightning.config import DataConfig, PipelineConfig, PretrainConfig, TrainerConfig
+from nope_lightning.data.corpus import corpus_label
 from nope_lightning.eval.longctx import answer_tokens
 from nope_lightning.progress import pipeline_line
+from nope_lightning.stages.finetune import check_rope_model
 from nope_lightning.steps import Instance, expand, reference_problems, step_config
+from nope_lightning.training.module import check_target_len
 
 PARENT = "dry-run-parent"  # the parent run id the step configs are nested under (no run is created)
 
@@ -173,8 +176,6 @@ def training_keys(length: int) -> dict[str, type]:
 
 def target_problems(entry: dict, model: Model | None, lengths: list[int]) -> None:
     """Target lengths must extend the model and fit it (the stages' own ``check_target_len``)."""
-    from nope_lightning.stages.lm import check_target_len
-
     for length in lengths if model else ():
         try:
             check_target_len(model.cfg, length)
@@ -217,8 +218,6 @@ def plan_evaluate(cfg, model: Model | None, entry: dict) -> dict[str, type] | No
 
 def evaluate_keys(cfg, lengths: list[int], passkey: list[int]) -> dict[str, type]:
     """The metric names ``evaluate`` returns (``window_metrics``, passkey, long-context)."""
-    from nope_lightning.data.corpus import corpus_label
-
     prefixes = [cfg.split, *(f"{cfg.split}/{corpus_label(c)}" for c in cfg.corpora[1:])]
     keys: dict[str, type] = {"run_id": str}
     keys.update({f"{p}/len{n}/{m}": float for p in prefixes for n in lengths for m in ("ppl", "loss")})
@@ -268,8 +267,6 @@ def plan_finetune(cfg, model: Model | None, entry: dict) -> dict[str, type]:
     entry["training_tokens"] = training_tokens(cfg.trainer, cfg.total_steps, cfg.batch_size, cfg.target_len)
     target_problems(entry, model, [cfg.target_len])
     if model is not None:
-        from nope_lightning.stages.finetune import check_rope_model
-
         try:
             check_rope_model(model.cfg, cfg.checkpoint)
         except ValueError as err:

@@ -66,7 +66,7 @@ def test_mlflow_telemetry_is_off_by_default_and_can_be_turned_on(tmp_path):
 def test_training_progress_is_plain_step_lines_on_stderr(capfd):
     from lightning.pytorch import LightningModule
 
-    from nope_lightning.run import build_trainer
+    from nope_lightning.training.trainer import build_trainer
 
     class Tiny(LightningModule):
         def __init__(self):

@@ -26,7 +26,8 @@ from nope_lightning.data import (
     prepare,
     split_documents,
 )
-from nope_lightning.data.corpus import TINY_BOOKS, deb_extract
+from nope_lightning.data.corpus import TINY_BOOKS, corpus_label
+from nope_lightning.data.fetch import deb_extract
 from nope_lightning.data.prepare import cache_key, check_cache
 
 TINY_VOCAB = 512
@@ -80,8 +81,6 @@ def test_tiny_corpus_is_ten_kjv_books(tiny_docs):
 
 
 def test_kjv_corpus_is_all_66_books_without_a_fetch(tmp_path, tiny_docs):
-    from nope_lightning.data.corpus import corpus_label
-
     docs = load_documents("kjv", tmp_path)  # an empty cache: nothing is fetched
     assert len(docs) == 66 and not any(tmp_path.iterdir())
     assert {d.name for d in tiny_docs} < {d.name for d in docs}

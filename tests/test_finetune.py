@@ -10,7 +10,6 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from mlflow.tracking import MlflowClient
 
-from nope_lightning import run as run_module
 from nope_lightning.checkpoint import load_model
 from nope_lightning.config import (
     EvaluateConfig,
@@ -23,6 +22,7 @@ from nope_lightning.config import (
 from nope_lightning.extension import load_extended
 from nope_lightning.run import run_stage, stage_config
 from nope_lightning.stages import finetune
+from nope_lightning.training import trainer as trainer_module
 from tests.conftest import REPO
 
 TINY = str(REPO / "conf/finetune/tiny.yaml")
@@ -59,8 +59,8 @@ class FinalLogits(Callback):
 
 def finetune_recorded(rope: dict, out, probe, monkeypatch, *extra: str) -> tuple[dict, torch.Tensor]:
     recorder = FinalLogits(probe)
-    build = run_module.build_trainer
-    monkeypatch.setattr(run_module, "build_trainer",
+    build = trainer_module.build_trainer
+    monkeypatch.setattr(trainer_module, "build_trainer",
                         lambda *a, callbacks=(), **k: build(*a, callbacks=[*callbacks, recorder], **k))
     cfg = load_config(FinetuneConfig, TINY, [*rope["tracking"], f"checkpoint={rope['model']}", f"out_dir={out}",
                                              "trainer.progress_bar=false", *extra])

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from nope_lightning.checkpoint import WEIGHTS, load_model
 from nope_lightning.config import TrackingConfig, TrainerConfig
 from nope_lightning.model import GPT
-from nope_lightning.run import check_strategy
+from nope_lightning.training.trainer import check_strategy
 from tests.conftest import REPO
 
 # Every rank runs this (Lightning's launcher re-executes the command line): the stage, with a callback that
@@ -32,6 +32,7 @@ DRIVER = textwrap.dedent('''
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
     from nope_lightning import run
+    from nope_lightning.training import trainer
     from nope_lightning.model import count_parameters
 
     out, stage, yaml = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -51,8 +52,8 @@ DRIVER = textwrap.dedent('''
                 "units": [n for n, m in module.model.named_modules() if isinstance(m, FSDPModule)],
                 "trainable": count_parameters(module.model, trainable_only=True)}))
 
-    build = run.build_trainer
-    run.build_trainer = lambda cfg, callbacks=(), **kw: build(cfg, callbacks=[*callbacks, Probe()], **kw)
+    build = trainer.build_trainer
+    trainer.build_trainer = lambda cfg, callbacks=(), **kw: build(cfg, callbacks=[*callbacks, Probe()], **kw)
     result = run.run_stage(stage, run.stage_config(stage, yaml, sys.argv[4:]))
     if result.get("run_id"):  # global rank 0
         (out / "result.json").write_text(json.dumps(result))

@@ -35,7 +35,7 @@ from nope_lightning.model.temperature import (
     ssmax_init,
 )
 from nope_lightning.stages.headscale import LOG, HeadScaleLM
-from nope_lightning.stages.lm import lm_loss
+from nope_lightning.training.module import lm_loss
 from tests.conftest import REPO
 
 VOCAB, L, H, HS = 61, 8, 4, 8

@@ -15,10 +15,10 @@ from lightning.pytorch.callbacks import Callback
 from safetensors.torch import load_file
 
 from nope_lightning import cli
-from nope_lightning import run as run_module
 from nope_lightning.checkpoint import load_model
 from nope_lightning.config import PretrainConfig, TrackingConfig
 from nope_lightning.run import run_stage, stage_config
+from nope_lightning.training import trainer as trainer_module
 from tests.conftest import REPO
 
 TINY = str(REPO / "conf/pretrain/tiny.yaml")
@@ -72,15 +72,15 @@ class KillAt(Callback):
 def test_resume_after_a_kill_gives_identical_weights(overrides, tmp_path, monkeypatch):
     straight = run_stage("pretrain", tiny_config(overrides, f"out_dir={tmp_path}/straight"))
 
-    original = run_module.build_trainer
+    original = trainer_module.build_trainer
 
     def killing_trainer(*args, callbacks=(), **kwargs):
         return original(*args, callbacks=[*callbacks, KillAt(10)], **kwargs)
 
-    monkeypatch.setattr(run_module, "build_trainer", killing_trainer)
+    monkeypatch.setattr(trainer_module, "build_trainer", killing_trainer)
     with pytest.raises(RuntimeError, match="simulated kill"):
         run_stage("pretrain", tiny_config(overrides, f"out_dir={tmp_path}/killed"))
-    monkeypatch.setattr(run_module, "build_trainer", original)
+    monkeypatch.setattr(trainer_module, "build_trainer", original)
     resumed = run_stage("pretrain", tiny_config(overrides, f"out_dir={tmp_path}/killed"))
 
     assert resumed["step"] == straight["step"] == 20

@@ -249,7 +249,7 @@ def test_a_second_writer_of_an_out_dir_is_refused(tiny_pretrained, data_cache, t
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from nope_lightning.stages.lm import out_dir_lock
+        from nope_lightning.training.trainer import out_dir_lock
         from pathlib import Path
         with out_dir_lock(Path({str(out)!r})):
             print("locked", flush=True)

@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from nope_lightning.config import load_config
 from nope_lightning.stages import synthetic as stage
+from nope_lightning.stages import synthetic_grid
 from nope_lightning.synthetic import BOS, EOS, SEP, Example, Vocabulary, make_split
 from nope_lightning.synthetic.analysis import (
     attended_distance_hist,
@@ -197,7 +198,7 @@ def test_tiny_grid_nests_children_and_logs_the_aggregate(tracking_overrides):
     base = load_config(SyntheticConfig, TINY, [*tracking_overrides, "log_model=false"])
     cfg = SyntheticGridConfig(base=base, tasks=["copy_repeat"], pos_encodings=["nope", "alibi"], seeds=[0],
                               attention_examples_per_length=1, distance_bins=5)
-    summary = stage.run_grid(cfg)
+    summary = synthetic_grid.run(cfg)
     client = MlflowClient(cfg.base.tracking.uri)
     parent = client.get_run(summary["parent_run_id"])
     assert parent.info.status == "FINISHED" and parent.data.tags["stage"] == "synthetic-grid"

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from nope_lightning.config import DataConfig
 from nope_lightning.data.corpus import Document, corpus_sources, load_documents, split_documents
 from nope_lightning.data.tokenizer import TextTokenizer
+from nope_lightning.locks import file_lock
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +82,6 @@ def prepare(data_cfg: DataConfig) -> PreparedData:
 
     Raises what ``load_documents`` / ``split_documents`` raise for a bad corpus or split.
     """
-    from nope_lightning.locks import file_lock
-
     docs = load_documents(data_cfg.corpus, data_cfg.cache_path)
     key = cache_key(docs, data_cfg)
     root = data_cfg.cache_path / "prepared" / key

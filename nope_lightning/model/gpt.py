@@ -206,3 +206,16 @@ class GPT(nn.Module):
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+#: The embedding tables Kaplan et al. (2020) leave out of a model's size: tokens in, logits out, positions.
+EMBEDDINGS = ("transformer.wte.weight", "lm_head.weight", "wpe.weight")
+
+
+def non_embedding_parameters(cfg: ModelConfig, train_len: int) -> int:
+    """Trained parameters of the architecture less its embedding tables (``EMBEDDINGS``): the N of
+    "tokens per parameter". Counted on a model built on the meta device (no memory, no compute); frozen
+    tensors (the per-head temperatures) are not trained and not counted. Independent of the vocabulary."""
+    with torch.device("meta"):
+        model = GPT(cfg, vocab_size=256, train_len=train_len)
+    return sum(p.numel() for name, p in model.named_parameters() if p.requires_grad and name not in EMBEDDINGS)

@@ -40,7 +40,7 @@ from nope_lightning.eval.perplexity import (
 )
 from nope_lightning.extension import extension_label, load_extended
 from nope_lightning.model.temperature import temperatures
-from nope_lightning.run import build_trainer, check_strategy
+from nope_lightning.training.trainer import build_trainer, check_strategy
 
 
 def plan_streams(cfg: EvaluateConfig, docs: dict[str, list[np.ndarray]], lengths: list[int],

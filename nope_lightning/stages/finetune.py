@@ -19,28 +19,20 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from lightning.pytorch import Trainer, seed_everything
 
 from nope_lightning import tracking
 from nope_lightning.checkpoint import CONFIG, LoadedModel, export_model, load_model, resolve_reference
 from nope_lightning.config import FinetuneConfig, PretrainConfig, RopeScalingConfig, load_config
-from nope_lightning.stages.lm import (
-    check_resumable,
-    check_target_len,
-    check_tokenizer,
-    checkpoint_callback,
-    out_dir_lock,
-    record_run,
-    resumed_run_id,
-    trained_model,
-)
+from nope_lightning.data import PackedDataModule, PreparedData, prepare
+from nope_lightning.training.module import CausalLM, check_target_len, check_tokenizer, trained_model
+from nope_lightning.training.trainer import ResumableFit, check_strategy, resumable_fit
 
 #: Sections that must match for a run to continue from the checkpoint in its out_dir.
 RESUME_KEYS = ("checkpoint", "target_len", "rope_scaling", "budget", "raw_multiplier", "steps", "batch_size", "seed",
                "optim")
-
-if TYPE_CHECKING:
-    from nope_lightning.data import PreparedData
 
 
 def check_rope_model(cfg: PretrainConfig, ref: str) -> None:
@@ -67,10 +59,12 @@ def default_name(cfg: FinetuneConfig, base: PretrainConfig, folder: Path) -> str
             f"{cfg.budget}")
 
 
-def run(cfg: FinetuneConfig) -> dict[str, Any]:
-    from nope_lightning.data import prepare
-    from nope_lightning.run import check_strategy
+def trained_tokens(cfg: FinetuneConfig, trainer: Trainer) -> int:
+    """Tokens trained on, over all processes: ``total_steps`` x ``batch_size`` x ``target_len`` per process."""
+    return cfg.total_steps * cfg.batch_size * cfg.target_len * trainer.world_size
 
+
+def run(cfg: FinetuneConfig) -> dict[str, Any]:
     check_strategy(cfg.trainer)
     folder = resolve_reference(cfg.checkpoint, cfg.tracking)
     base = load_config(PretrainConfig, folder / CONFIG)  # the architecture, checked before loading weights
@@ -83,50 +77,34 @@ def run(cfg: FinetuneConfig) -> dict[str, Any]:
 
     name = cfg.name or default_name(cfg, base, folder)
     out = Path(cfg.out_dir or f"mlruns/checkpoints/finetune/{name}")
-    with out_dir_lock(out):
-        return train(cfg, loaded, prepared, base, scaling, name, out)
+    with resumable_fit(out, cfg, RESUME_KEYS) as resumable:
+        return train(cfg, resumable, loaded, prepared, scaling, name)
 
 
-def train(cfg: FinetuneConfig, loaded: LoadedModel, prepared: PreparedData, base: PretrainConfig, scaling: RopeScalingConfig, name: str,
-          out: Path) -> dict[str, Any]:
-    """Fine-tune into ``out``, resuming its last checkpoint when a killed run of the same config left one."""
-    from lightning.pytorch import seed_everything
-    from lightning.pytorch.utilities import rank_zero_only
-
-    from nope_lightning.data import PackedDataModule
-    from nope_lightning.run import build_trainer
-    from nope_lightning.stages.lm import CausalLM
-
-    resume_from = check_resumable(out, cfg, RESUME_KEYS)
-    run_id = resumed_run_id(out, cfg, resume_from)
+def train(cfg: FinetuneConfig, resumable: ResumableFit, loaded: LoadedModel, prepared: PreparedData,
+          scaling: RopeScalingConfig, name: str) -> dict[str, Any]:
+    """Fine-tune into ``resumable.out``, resuming its last checkpoint when a killed run of the same config left
+    one, then export the model."""
     seed_everything(cfg.seed, workers=True, verbose=False)
     steps = cfg.total_steps
     module = CausalLM(loaded.model, cfg.optim, steps, cfg.trainer.compile)
     data = PackedDataModule(prepared, cfg.target_len, cfg.batch_size, cfg.seed, cfg.trainer.val_batches,
                             loaded.config.data.num_workers)
-    logger = tracking.lightning_logger(cfg.tracking, "finetune", name, run_id)
-    checkpoints = checkpoint_callback(out, cfg.trainer.checkpoint_every_n_steps, steps)
-    trainer = build_trainer(cfg.trainer, logger=logger, callbacks=[checkpoints], default_root_dir=str(out),
-                            grad_clip=cfg.optim.grad_clip, max_steps=steps)
-    tokens = steps * cfg.batch_size * cfg.target_len * trainer.world_size
-    if rank_zero_only.rank == 0:
-        record_run(out, cfg, logger.run_id)
-        if run_id is None:
-            tracking.log_config(cfg.tracking, logger.run_id, cfg)
-            tracking.log_metrics(cfg.tracking, logger.run_id, {"finetune/tokens": tokens, "finetune/steps": steps,
-                                                                "finetune/rope_factor": scaling.factor})
-    trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
+    settings = {"finetune/steps": steps, "finetune/rope_factor": scaling.factor}
+    trainer = resumable.fit(module, data, stage="finetune", name=name, max_steps=steps,
+                            metrics=lambda trainer: {"finetune/tokens": trained_tokens(cfg, trainer), **settings})
     model = trained_model(trainer, loaded.model)
     if not trainer.is_global_zero:
         return {}
+    out, run_id, tokens = resumable.out, trainer.logger.run_id, trained_tokens(cfg, trainer)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    meta = {"step": trainer.global_step, "data_key": prepared.key, "run_id": logger.run_id, "metrics": metrics,
+    meta = {"step": trainer.global_step, "data_key": prepared.key, "run_id": run_id, "metrics": metrics,
             "finetune": {"base_checkpoint": cfg.checkpoint, "base_fingerprint": loaded.fingerprint,
                          "target_len": cfg.target_len, "rope_scaling": dataclasses.asdict(scaling),
                          "budget": cfg.budget, "steps": steps, "tokens": tokens}}
     export = export_model(out / "model", model, dataclasses.replace(loaded.config, name=name),
                           loaded.tokenizer_file, meta)
-    tracking.log_artifacts(cfg.tracking, logger.run_id, export, "model")
-    return {"run_id": logger.run_id, "out_dir": str(out), "model": str(export), "step": trainer.global_step,
+    tracking.log_artifacts(cfg.tracking, run_id, export, "model")
+    return {"run_id": run_id, "out_dir": str(out), "model": str(export), "step": trainer.global_step,
             "world_size": trainer.world_size, "tokens": tokens, "rope_scaling": dataclasses.asdict(scaling),
             **metrics}

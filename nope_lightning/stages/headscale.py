@@ -53,7 +53,6 @@ from typing import Any
 
 import torch
 from lightning.pytorch import seed_everything
-from lightning.pytorch.utilities import rank_zero_only
 
 from nope_lightning import tracking
 from nope_lightning.checkpoint import LoadedModel, legacy_renamed, load_model
@@ -72,19 +71,14 @@ from nope_lightning.model.temperature import (
     set_temperatures,
     train_only,
 )
-from nope_lightning.run import build_trainer, check_strategy
-from nope_lightning.stages.lm import (
+from nope_lightning.training.module import (
     CausalLM,
-    check_resumable,
     check_target_len,
     check_tokenizer,
-    checkpoint_callback,
     local_shard,
-    out_dir_lock,
-    record_run,
-    resumed_run_id,
     trained_state,
 )
+from nope_lightning.training.trainer import ResumableFit, check_strategy, resumable_fit
 
 CONSTRAINED_FLOOR = 1.0  # paper Eq. 6, lambda >= 1/sqrt(d), in our units of 1/sqrt(d)
 UNCONSTRAINED_FLOOR = 0.01  # constraint=false: only keeps lambda a (positive) temperature
@@ -226,35 +220,24 @@ def run(cfg: HeadScaleConfig, callbacks: Sequence = ()) -> dict[str, Any]:
     loaded, prepared, init = checked_inputs(cfg)
     name = cfg.name or default_name(cfg, loaded)
     out = Path(cfg.out_dir or f"mlruns/checkpoints/headscale/{name}")
-    with out_dir_lock(out):
-        return train(cfg, callbacks, loaded, prepared, init, name, out)
+    with resumable_fit(out, cfg, RESUME_KEYS) as resumable:
+        return train(cfg, resumable, callbacks, loaded, prepared, init, name)
 
 
-def train(cfg: HeadScaleConfig, callbacks: Sequence, loaded: LoadedModel, prepared: PreparedData, init: float,
-          name: str, out: Path) -> dict[str, Any]:
-    """Train into ``out``, resuming its last checkpoint (the same values, AdamW moments, schedule and data
-    position) when a killed run of the same config left one."""
-    resume_from = check_resumable(out, cfg, RESUME_KEYS)
-    run_id = resumed_run_id(out, cfg, resume_from)
+def train(cfg: HeadScaleConfig, resumable: ResumableFit, callbacks: Sequence, loaded: LoadedModel,
+          prepared: PreparedData, init: float, name: str) -> dict[str, Any]:
+    """Train into ``resumable.out``, resuming its last checkpoint (the same values, AdamW moments, schedule and
+    data position) when a killed run of the same config left one."""
     model, param = loaded.model, PARAMETERIZATIONS[cfg.parameterization]
     seed_everything(cfg.seed, workers=True, verbose=False)
     param.write(model, torch.full((model.cfg.n_layer, model.cfg.n_head), init))
     module = HeadScaleLM(model, param, cfg.optim, cfg.steps, param.floor(cfg.constraint), cfg.trainer.compile)
     data = PackedDataModule(prepared, cfg.target_len, cfg.batch_size, cfg.seed, cfg.trainer.val_batches,
                             loaded.config.data.num_workers)
-    logger = tracking.lightning_logger(cfg.tracking, "headscale", name, run_id)
-    if rank_zero_only.rank == 0:
-        record_run(out, cfg, logger.run_id)
-        if run_id is None:
-            tracking.log_config(cfg.tracking, logger.run_id, cfg)
-            tracking.log_metrics(cfg.tracking, logger.run_id, {
-                f"headscale/init_{param.symbol}": init,
-                "headscale/trainable_parameters": count_parameters(model, True)})
-
-    checkpoints = checkpoint_callback(out, cfg.trainer.checkpoint_every_n_steps, cfg.steps)
-    trainer = build_trainer(cfg.trainer, logger=logger, callbacks=[*callbacks, checkpoints],
-                            default_root_dir=str(out), grad_clip=cfg.optim.grad_clip, max_steps=cfg.steps)
-    trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
+    trainer = resumable.fit(module, data, stage="headscale", name=name, max_steps=cfg.steps, callbacks=callbacks,
+                            metrics=lambda _: {f"headscale/init_{param.symbol}": init,
+                                               "headscale/trainable_parameters": count_parameters(model, True)})
+    out, run_id = resumable.out, trainer.logger.run_id
     monitor = f"val/len{cfg.target_len}/loss"
     if monitor not in trainer.callback_metrics:  # resumed at the last step: killed during the final validation
         trainer.validate(module, datamodule=data, verbose=False)
@@ -270,8 +253,8 @@ def train(cfg: HeadScaleConfig, callbacks: Sequence, loaded: LoadedModel, prepar
                "init": {"mode": cfg.init, symbol: init, "scale_search": cfg.scale_search},
                "constraint": cfg.constraint, f"{symbol}_floor": module.floor, "steps": trainer.global_step,
                "val_loss": metrics[monitor], param.table.key: table.tolist()}
-    log_outputs(cfg, logger.run_id, loaded, prepared, summary, out / param.table_file, trainer.strategy.root_device)
-    return {"run_id": logger.run_id, "out_dir": str(out), "table": str(out / param.table_file),
+    log_outputs(cfg, run_id, loaded, prepared, summary, out / param.table_file, trainer.strategy.root_device)
+    return {"run_id": run_id, "out_dir": str(out), "table": str(out / param.table_file),
             "step": trainer.global_step, "world_size": trainer.world_size, f"init_{symbol}": init, **metrics}
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from nope_lightning.config import PrepareConfig
+from nope_lightning.data import prepare
 
 
 def run(cfg: PrepareConfig) -> dict[str, Any]:
-    from nope_lightning.data import prepare
-
     prepared = prepare(cfg.data)
     summary = {"root": str(prepared.root), "key": prepared.key, "vocab_size": prepared.tokenizer.vocab_size,
                **{f"{split}_tokens": prepared.num_tokens(split) for split in ("train", "val", "test")}}

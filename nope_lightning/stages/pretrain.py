@@ -12,25 +12,23 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch import seed_everything
+
 from nope_lightning import tracking
 from nope_lightning.checkpoint import export_model
 from nope_lightning.config import PretrainConfig
-from nope_lightning.stages.lm import (
-    check_resumable,
-    checkpoint_callback,
-    out_dir_lock,
-    record_run,
-    resumed_run_id,
-    trained_model,
-)
+from nope_lightning.data import PackedDataModule, prepare
+from nope_lightning.data.corpus import corpus_label
+from nope_lightning.data.retrieval import RetrievalMix
+from nope_lightning.model import GPT, count_parameters
+from nope_lightning.training.module import CausalLM, trained_model
+from nope_lightning.training.trainer import ResumableFit, check_strategy, resumable_fit
 
 #: Sections that must match for a run to continue from a checkpoint (max_steps may grow, tracking may move).
 RESUME_KEYS = ("model", "data", "optim", "retrieval", "train_len", "batch_size", "seed")
 
 
 def default_name(cfg: PretrainConfig) -> str:
-    from nope_lightning.data.corpus import corpus_label
-
     corpus = corpus_label(cfg.data.corpus)
     ssmax = "-ssmax" if cfg.model.ssmax else ""
     return f"pretrain-{cfg.model.pos_encoding}{ssmax}-{corpus}-L{cfg.train_len}"
@@ -41,25 +39,14 @@ def output_dir(cfg: PretrainConfig) -> Path:
 
 
 def run(cfg: PretrainConfig) -> dict[str, Any]:
-    out = output_dir(cfg)
-    with out_dir_lock(out):
-        return train(cfg, out)
-
-
-def train(cfg: PretrainConfig, out: Path) -> dict[str, Any]:
-    from lightning.pytorch import seed_everything
-    from lightning.pytorch.utilities import rank_zero_only
-
-    from nope_lightning.data import PackedDataModule, prepare
-    from nope_lightning.data.retrieval import RetrievalMix
-    from nope_lightning.model import GPT, count_parameters
-    from nope_lightning.run import build_trainer, check_strategy
-    from nope_lightning.stages.lm import CausalLM
-
     check_strategy(cfg.trainer)
-    name = cfg.name or default_name(cfg)
-    resume_from = check_resumable(out, cfg, RESUME_KEYS, cfg.resume)
-    run_id = resumed_run_id(out, cfg, resume_from)
+    with resumable_fit(output_dir(cfg), cfg, RESUME_KEYS, cfg.resume) as resumable:
+        return train(cfg, resumable)
+
+
+def train(cfg: PretrainConfig, resumable: ResumableFit) -> dict[str, Any]:
+    """Train into ``resumable.out`` (resuming its checkpoint, if any), then export the model."""
+    name, out = cfg.name or default_name(cfg), resumable.out
     prepared = prepare(cfg.data)
 
     seed_everything(cfg.seed, workers=True, verbose=False)
@@ -70,26 +57,19 @@ def train(cfg: PretrainConfig, out: Path) -> dict[str, Any]:
     data = PackedDataModule(prepared, cfg.train_len, cfg.batch_size, cfg.seed, cfg.trainer.val_batches,
                             cfg.data.num_workers, mix)
 
-    logger = tracking.lightning_logger(cfg.tracking, "pretrain", name, run_id)
-    if rank_zero_only.rank == 0:
-        record_run(out, cfg, logger.run_id)
-        if run_id is None:
-            tracking.log_config(cfg.tracking, logger.run_id, cfg)
-            tracking.log_metrics(cfg.tracking, logger.run_id, {"model/parameters": count_parameters(model)})
-
-    checkpoints = checkpoint_callback(out, cfg.trainer.checkpoint_every_n_steps, cfg.trainer.max_steps)
-    trainer = build_trainer(cfg.trainer, logger=logger, callbacks=[checkpoints], grad_clip=cfg.optim.grad_clip)
-    trainer.fit(module, datamodule=data, ckpt_path=resume_from, weights_only=True)
+    trainer = resumable.fit(module, data, stage="pretrain", name=name, max_steps=cfg.trainer.max_steps,
+                            metrics=lambda _: {"model/parameters": count_parameters(model)})
     trained = trained_model(trainer, model)  # every rank: under FSDP the shards are gathered here
 
+    run_id = trainer.logger.run_id if trainer.is_global_zero else None
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    result = {"run_id": logger.run_id if trainer.is_global_zero else None, "out_dir": str(out),
+    result = {"run_id": run_id, "out_dir": str(out),
               "step": trainer.global_step, "world_size": trainer.world_size, **metrics}
     if trainer.is_global_zero:
         export = export_model(out / "model", trained, dataclasses.replace(cfg, name=name),
                               prepared.root / "tokenizer.json",
                               {"step": trainer.global_step, "data_key": prepared.key,
-                               "run_id": logger.run_id, "metrics": metrics})
-        tracking.log_artifacts(cfg.tracking, logger.run_id, export, "model")
+                               "run_id": run_id, "metrics": metrics})
+        tracking.log_artifacts(cfg.tracking, run_id, export, "model")
         result["model"] = str(export)
     return result

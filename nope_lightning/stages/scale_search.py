@@ -46,8 +46,8 @@ from nope_lightning.search import (
     position_fit_units,
     study_name,
 )
-from nope_lightning.stages.lm import check_target_len
 from nope_lightning.stats import blocks, bootstrap
+from nope_lightning.training.module import check_target_len
 
 
 def trial_config(cfg: ScaleSearchConfig, temperature: float, parent_run_id: str, number: int) -> EvaluateConfig:

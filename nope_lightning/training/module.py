@@ -1,34 +1,30 @@
-"""The causal-LM LightningModule shared by the training stages (pretrain, finetune, headscale).
+"""The causal-LM LightningModule shared by the training stages (pretrain, finetune, headscale, synthetic), the
+trained model gathered on rank 0 (``trained_state``, ``trained_model``), and the checks on a loaded model's
+inputs that the length-extension stages share (``check_target_len``, ``check_tokenizer``).
 
 Subclasses override one hook: ``trainable_parameters`` (what the optimizer sees) and, if needed,
 ``param_groups``. Batches are (B, T+1) token windows: inputs ``[:, :-1]``, targets ``[:, 1:]``.
 Logged: ``train/loss`` (nats/token), ``train/lr``, ``val/len{T}/loss`` and ``val/len{T}/ppl``.
-Under ``trainer.strategy=fsdp2`` the model is sharded by ``FSDP2Strategy`` (defined here, beside the module it
-shards, so that importing ``run`` stays free of Lightning).
+Under ``trainer.strategy=fsdp2`` the model is sharded by ``FSDP2Strategy``, defined here beside the module it
+shards (each checks the other's type).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
-from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from torch.distributed._composable import checkpoint as checkpoint_activations
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from nope_lightning import tracking
-from nope_lightning.config import OptimConfig, PretrainConfig, flatten, load_config, to_dict, to_yaml
+from nope_lightning.checkpoint import LoadedModel
+from nope_lightning.config import OptimConfig, PretrainConfig
+from nope_lightning.data import PreparedData
 from nope_lightning.model import GPT
-
-if TYPE_CHECKING:
-    from nope_lightning.checkpoint import LoadedModel
-    from nope_lightning.data import PreparedData
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -79,8 +75,6 @@ def trained_model(trainer, model: GPT) -> GPT | None:
     Every rank must call it. Under FSDP ``model`` itself holds only this rank's shards, so rank 0 builds a
     fresh GPT of the same architecture and loads the gathered full state into it; otherwise ``model`` is
     already whole and is returned as it is."""
-    from lightning.pytorch.strategies import FSDPStrategy
-
     if not isinstance(trainer.strategy, (FSDPStrategy, FSDP2Strategy)):
         return model if trainer.is_global_zero else None
     state = trained_state(trainer)
@@ -89,87 +83,6 @@ def trained_model(trainer, model: GPT) -> GPT | None:
     plain = GPT(model.cfg, model.config.vocab_size, model.train_len)
     plain.load_state_dict(state, strict=True)
     return plain
-
-
-# --- training into an out_dir that a rerun resumes (pretrain, finetune, headscale) ---------------------
-
-RUN_ID_FILE = "mlflow_run_id"
-
-
-@contextlib.contextmanager
-def out_dir_lock(out: Path) -> Iterator[None]:
-    """Held (by global rank 0) while a process trains into ``out``: a second writer fails at once with one
-    line instead of interleaving checkpoints and metrics. The lock file sits beside ``out``, so refusing a
-    bad input leaves no folder behind."""
-    from lightning.pytorch.utilities import rank_zero_only
-
-    from nope_lightning.locks import hold_lock
-
-    if rank_zero_only.rank != 0:
-        yield
-        return
-    with hold_lock(out.parent / f".{out.name}.lock", f"out_dir={out}"):
-        yield
-
-
-def config_differences(saved: Any, cfg: Any, keys: tuple[str, ...]) -> list[str]:
-    """Flattened keys under the sections ``keys`` whose values differ between two configs."""
-    a, b = flatten(to_dict(saved)), flatten(to_dict(cfg))
-    return sorted(k for k in b if k.split(".")[0] in keys and a.get(k) != b[k])
-
-
-def check_resumable(out: Path, cfg: Any, keys: tuple[str, ...], resume: bool = True) -> Path | None:
-    """The checkpoint to resume from (``out/checkpoints/last.ckpt``, else the newest intact ``step*.ckpt``),
-    or None for a fresh run; raises before any compute when ``out`` holds a run with another config (in the
-    sections ``keys``), a damaged checkpoint, or a run that ``resume=false`` would overwrite."""
-    from nope_lightning.checkpoint import newest_intact, torch_load
-
-    last = out / "checkpoints" / "last.ckpt"
-    if not last.exists():  # deleted when damaged, as the refusal advises: the newest intact periodic one
-        last = newest_intact(last.parent) if last.parent.is_dir() else None
-        if last is None:
-            return None
-    if not resume:
-        raise ValueError(f"{out} already holds a run; set resume=true to continue it, or choose another "
-                         f"name=/out_dir= (nothing was overwritten)")
-    diff = config_differences(load_config(type(cfg), out / "config.yaml"), cfg, keys)
-    if diff:
-        raise ValueError(f"checkpoint {last} comes from another config (differs in {', '.join(diff[:6])}); "
-                         f"use another name=/out_dir= for the new config")
-    torch_load(last)  # a damaged file fails here, naming the newest intact checkpoint, before anything starts
-    return last
-
-
-def resumed_run_id(out: Path, cfg: Any, resume_from: Path | None) -> str | None:
-    """The MLflow run that resuming ``out`` continues (None: a new run). An out_dir remembers its run's id;
-    when this store does not hold that run (another store, or the store was deleted) it is one line naming
-    both ways out, never MLflow's traceback."""
-    file = out / RUN_ID_FILE
-    if resume_from is None or not file.exists():
-        return None
-    run_id, store = file.read_text().strip(), cfg.tracking.uri
-    if tracking.has_run(cfg.tracking, run_id):
-        return run_id
-    saved = load_config(type(cfg), out / "config.yaml").tracking.uri
-    where = (f"tracking.uri={saved}, not {store}: pass tracking.uri={saved} to continue it" if saved != store
-             else f"{store}, which no longer holds it")
-    raise ValueError(f"{out} continues MLflow run {run_id} of {where}; or train into another out_dir=/name= "
-                     f"(or delete {out}) for a clean run")
-
-
-def record_run(out: Path, cfg: Any, run_id: str) -> None:
-    """Write what a rerun needs to resume ``out``: the resolved config and the MLflow run id."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(to_yaml(cfg))
-    (out / RUN_ID_FILE).write_text(run_id)
-
-
-def checkpoint_callback(out: Path, every: int, max_steps: int):
-    """``out/checkpoints/step*.ckpt`` every ``every`` optimizer steps (0: at the end) and ``last.ckpt``."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    return ModelCheckpoint(dirpath=out / "checkpoints", filename="step{step:06d}", save_last=True,
-                           every_n_train_steps=every or max_steps, save_top_k=-1, auto_insert_metric_name=False)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -204,8 +117,6 @@ class CausalLM(LightningModule):
         FSDP2 the gradients are DTensors, whose norm torch's ``clip_grad_norm_`` reduces over the shards."""
         if not gradient_clip_val:
             return
-        from lightning.pytorch.strategies import FSDPStrategy
-
         if isinstance(self.trainer.strategy, FSDPStrategy):
             self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
         else:
@@ -271,11 +182,9 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def shard(self, model: GPT) -> None:
         """Shard ``model`` in place over the data-parallel mesh."""
-        from torch.distributed._composable import checkpoint
-
         mesh = self.device_mesh["data_parallel"]
         for block in model.transformer.h:
             if self.activation_checkpointing:
-                checkpoint(block)  # hooks, not a wrapper module: parameter names stay the plain model's
+                checkpoint_activations(block)  # hooks, not a wrapper module: parameter names stay the plain model's
             fully_shard(block, mesh=mesh, mp_policy=self.policy)
         fully_shard(model, mesh=mesh, mp_policy=self.policy)

@@ -1,0 +1,244 @@
+"""The one place a Lightning ``Trainer`` is built, and ``resumable_fit``: training into an ``out_dir`` that a
+rerun of a killed run continues (pretrain, finetune, headscale).
+
+An ``out_dir`` holds ``checkpoints/`` (``step*.ckpt`` every ``trainer.checkpoint_every_n_steps`` and
+``last.ckpt``), ``config.yaml`` (the resolved config) and ``mlflow_run_id`` (the MLflow run a rerun continues).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.utilities import rank_zero_only
+
+from nope_lightning import tracking
+from nope_lightning.checkpoint import newest_intact, torch_load
+from nope_lightning.config import TrainerConfig, flatten, load_config, to_dict, to_yaml
+from nope_lightning.locks import hold_lock
+from nope_lightning.model.attention import Block
+from nope_lightning.progress import StepProgressBar
+from nope_lightning.training.module import FSDP2Strategy
+
+# --- the Trainer ---------------------------------------------------------------------------------------
+
+
+def configure_threads(cfg: TrainerConfig) -> int:
+    """Set torch's intra-op threads: ``cfg.threads``, or for 0 the CPU cores shared out among the processes.
+
+    Measured on 2 cores with the small model (``experiments/benchmark_pretrain.py``, README): one process
+    trains faster on 2 threads than on 1, and 2 DDP processes x 1 thread are faster still; so ``threads=0``
+    gives each of the ``devices`` processes ``cores // devices`` threads. GPU runs keep torch's default.
+    """
+    threads = cfg.threads
+    if threads == 0:
+        if _uses_gpu(cfg):
+            return torch.get_num_threads()
+        threads = max(1, (os.cpu_count() or 1) // cfg.devices)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def _uses_gpu(cfg: TrainerConfig) -> bool:
+    return cfg.accelerator in ("gpu", "cuda") or (cfg.accelerator == "auto" and torch.cuda.is_available())
+
+
+#: What FSDP2's ``MixedPrecisionPolicy`` expresses: fp32 throughout, or bf16 compute over fp32 master weights.
+FSDP2_PRECISIONS = ("32-true", "bf16-mixed")
+
+
+def check_strategy(cfg: TrainerConfig) -> None:
+    """Fail before any compute on a strategy this machine cannot run."""
+    if cfg.strategy == "fsdp" and not (_uses_gpu(cfg) and torch.cuda.is_available()):
+        raise ValueError("trainer.strategy=fsdp needs CUDA GPUs (it is Lightning's FSDP1); on CPU use "
+                         "trainer.strategy=fsdp2 (FSDP2 runs on gloo) or ddp, with trainer.devices=2")
+    if cfg.strategy == "fsdp2" and cfg.precision not in FSDP2_PRECISIONS:
+        raise ValueError(f"trainer.strategy=fsdp2 takes trainer.precision={' or '.join(FSDP2_PRECISIONS)} "
+                         f"(bf16-mixed: bf16 compute, fp32 weights and gradient reduction), not {cfg.precision}")
+    if cfg.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ValueError(f"trainer.accelerator={cfg.accelerator} but no CUDA GPU is visible; use accelerator=cpu")
+
+
+def _strategy(cfg: TrainerConfig):
+    if cfg.strategy == "fsdp2":
+        return FSDP2Strategy(cfg.devices * cfg.num_nodes, cfg.activation_checkpointing,
+                             bf16=cfg.precision == "bf16-mixed")
+    if cfg.strategy != "fsdp":
+        return cfg.strategy
+    # One FSDP unit per transformer block; orig params so frozen (HeadScale) and trainable tensors mix.
+    return FSDPStrategy(auto_wrap_policy={Block},
+                        activation_checkpointing_policy={Block} if cfg.activation_checkpointing else None,
+                        state_dict_type="full", use_orig_params=True, sharding_strategy="FULL_SHARD")
+
+
+def _precision(cfg: TrainerConfig) -> str:
+    # Under fsdp2, bf16-mixed is FSDP2's MixedPrecisionPolicy (FSDP2Strategy.shard), not Lightning's autocast:
+    # parameters are all-gathered in bf16, so every matmul already runs in bf16.
+    return "32-true" if cfg.strategy == "fsdp2" else cfg.precision
+
+
+def build_trainer(cfg: TrainerConfig, *, logger: Any = None, callbacks: list | None = None,
+                  default_root_dir: str | None = None, grad_clip: float = 0.0, max_steps: int | None = None,
+                  enable_checkpointing: bool = True) -> Trainer:
+    """A ``lightning.pytorch.Trainer`` from ``TrainerConfig``: step-based, no epochs, no sanity check.
+
+    Validation runs every ``val_every_n_steps`` optimizer steps (0: only at the end) on ``val_batches``.
+    With ``progress_bar`` on, progress goes to stderr in optimizer steps (``progress.StepProgressBar``).
+    """
+    check_strategy(cfg)
+    configure_threads(cfg)
+    steps = max_steps or cfg.max_steps
+    val_every = cfg.val_every_n_steps if 0 < cfg.val_every_n_steps < steps else steps
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return Trainer(
+        accelerator=cfg.accelerator,
+        devices=cfg.devices,
+        num_nodes=cfg.num_nodes,
+        strategy=_strategy(cfg),
+        precision=_precision(cfg),
+        max_steps=steps,
+        max_epochs=-1,
+        val_check_interval=val_every,
+        check_val_every_n_epoch=None,
+        limit_val_batches=cfg.val_batches,
+        num_sanity_val_steps=0,
+        log_every_n_steps=cfg.log_every_n_steps,
+        gradient_clip_val=grad_clip or None,
+        accumulate_grad_batches=cfg.accumulate_grad_batches,
+        enable_progress_bar=cfg.progress_bar,
+        enable_model_summary=False,
+        enable_checkpointing=enable_checkpointing,
+        use_distributed_sampler=False,  # our data modules shard by rank themselves
+        logger=logger if logger is not None else False,
+        callbacks=[*(callbacks or []), *([StepProgressBar()] if cfg.progress_bar else [])],
+        default_root_dir=default_root_dir,
+    )
+
+
+# --- training into an out_dir that a rerun resumes -------------------------------------------------------
+
+RUN_ID_FILE = "mlflow_run_id"
+
+
+@dataclass(frozen=True)
+class ResumableFit:
+    """Training into ``out`` (what ``resumable_fit`` yields): ``checkpoint`` is the checkpoint it resumes (None:
+    a fresh run) and ``run_id`` the MLflow run it continues (None: a new one). ``cfg`` is the stage's config,
+    with ``trainer``, ``optim`` and ``tracking`` sections."""
+
+    out: Path
+    cfg: Any
+    checkpoint: Path | None
+    run_id: str | None
+
+    def fit(self, module: LightningModule, data: LightningDataModule, *, stage: str, name: str, max_steps: int,
+            metrics: Callable[[Trainer], dict[str, float]], callbacks: Sequence[Callback] = ()) -> Trainer:
+        """Fit ``module`` on ``data`` for ``max_steps`` optimizer steps, from ``checkpoint`` when there is one;
+        returns the trainer (``trainer.logger.run_id``: the MLflow run, tagged ``stage``, named ``name``).
+
+        Global rank 0 first records ``out``'s config and run id and, in a new run, logs the config and
+        ``metrics(trainer)`` (a resumed run logged them when it started). ``callbacks`` go before the
+        checkpoint callback (e.g. Optuna's pruner). A module whose checkpoints hold only part of its state
+        sets ``strict_loading = False``.
+        """
+        cfg = self.cfg
+        logger = tracking.lightning_logger(cfg.tracking, stage, name, self.run_id)
+        checkpoints = checkpoint_callback(self.out, cfg.trainer.checkpoint_every_n_steps, max_steps)
+        trainer = build_trainer(cfg.trainer, logger=logger, callbacks=[*callbacks, checkpoints],
+                                default_root_dir=str(self.out), grad_clip=cfg.optim.grad_clip, max_steps=max_steps)
+        if rank_zero_only.rank == 0:
+            record_run(self.out, cfg, logger.run_id)
+            if self.run_id is None:
+                tracking.log_config(cfg.tracking, logger.run_id, cfg)
+                tracking.log_metrics(cfg.tracking, logger.run_id, metrics(trainer))
+        trainer.fit(module, datamodule=data, ckpt_path=self.checkpoint, weights_only=True)
+        return trainer
+
+
+@contextlib.contextmanager
+def resumable_fit(out: Path, cfg: Any, keys: tuple[str, ...], resume: bool = True) -> Iterator[ResumableFit]:
+    """Hold ``out``'s lock for the block, which trains into ``out`` with the yielded ``ResumableFit.fit``.
+
+    Before yielding (so before any compute in the block) it refuses, in one line, an ``out`` that another
+    process trains into, that holds a run of another config (in the sections ``keys``) or a damaged
+    checkpoint, a run that ``resume=false`` would overwrite, and a run id this store does not hold.
+    """
+    with out_dir_lock(out):
+        checkpoint = check_resumable(out, cfg, keys, resume)
+        yield ResumableFit(out, cfg, checkpoint, resumed_run_id(out, cfg, checkpoint))
+
+
+@contextlib.contextmanager
+def out_dir_lock(out: Path) -> Iterator[None]:
+    """Held (by global rank 0) while a process trains into ``out``: a second writer fails at once with one
+    line instead of interleaving checkpoints and metrics. The lock file sits beside ``out``, so refusing a
+    bad input leaves no folder behind."""
+    if rank_zero_only.rank != 0:
+        yield
+        return
+    with hold_lock(out.parent / f".{out.name}.lock", f"out_dir={out}"):
+        yield
+
+
+def config_differences(saved: Any, cfg: Any, keys: tuple[str, ...]) -> list[str]:
+    """Flattened keys under the sections ``keys`` whose values differ between two configs."""
+    a, b = flatten(to_dict(saved)), flatten(to_dict(cfg))
+    return sorted(k for k in b if k.split(".")[0] in keys and a.get(k) != b[k])
+
+
+def check_resumable(out: Path, cfg: Any, keys: tuple[str, ...], resume: bool = True) -> Path | None:
+    """The checkpoint to resume from (``out/checkpoints/last.ckpt``, else the newest intact ``step*.ckpt``),
+    or None for a fresh run; raises before any compute when ``out`` holds a run with another config (in the
+    sections ``keys``), a damaged checkpoint, or a run that ``resume=false`` would overwrite."""
+    last = out / "checkpoints" / "last.ckpt"
+    if not last.exists():  # deleted when damaged, as the refusal advises: the newest intact periodic one
+        last = newest_intact(last.parent) if last.parent.is_dir() else None
+        if last is None:
+            return None
+    if not resume:
+        raise ValueError(f"{out} already holds a run; set resume=true to continue it, or choose another "
+                         f"name=/out_dir= (nothing was overwritten)")
+    diff = config_differences(load_config(type(cfg), out / "config.yaml"), cfg, keys)
+    if diff:
+        raise ValueError(f"checkpoint {last} comes from another config (differs in {', '.join(diff[:6])}); "
+                         f"use another name=/out_dir= for the new config")
+    torch_load(last)  # a damaged file fails here, naming the newest intact checkpoint, before anything starts
+    return last
+
+
+def resumed_run_id(out: Path, cfg: Any, resume_from: Path | None) -> str | None:
+    """The MLflow run that resuming ``out`` continues (None: a new run). An out_dir remembers its run's id;
+    when this store does not hold that run (another store, or the store was deleted) it is one line naming
+    both ways out, never MLflow's traceback."""
+    file = out / RUN_ID_FILE
+    if resume_from is None or not file.exists():
+        return None
+    run_id, store = file.read_text().strip(), cfg.tracking.uri
+    if tracking.has_run(cfg.tracking, run_id):
+        return run_id
+    saved = load_config(type(cfg), out / "config.yaml").tracking.uri
+    where = (f"tracking.uri={saved}, not {store}: pass tracking.uri={saved} to continue it" if saved != store
+             else f"{store}, which no longer holds it")
+    raise ValueError(f"{out} continues MLflow run {run_id} of {where}; or train into another out_dir=/name= "
+                     f"(or delete {out}) for a clean run")
+
+
+def record_run(out: Path, cfg: Any, run_id: str) -> None:
+    """Write what a rerun needs to resume ``out``: the resolved config and the MLflow run id."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(to_yaml(cfg))
+    (out / RUN_ID_FILE).write_text(run_id)
+
+
+def checkpoint_callback(out: Path, every: int, max_steps: int) -> ModelCheckpoint:
+    """``out/checkpoints/step*.ckpt`` every ``every`` optimizer steps (0: at the end) and ``last.ckpt``."""
+    return ModelCheckpoint(dirpath=out / "checkpoints", filename="step{step:06d}", save_last=True,
+                           every_n_train_steps=every or max_steps, save_top_k=-1, auto_insert_metric_name=False)

@@ -1,0 +1,163 @@
+"""The package's import graph, read from the source with ``ast``: no circle among its modules, and its own
+modules imported at module top except where ``ALLOWED_IN_FUNCTIONS`` says why.
+
+Every import statement counts, wherever it stands: an ``if TYPE_CHECKING:`` import or one inside a function
+still ties the two modules together, it only hides the circle from the interpreter. The stage registry
+(``run.py``) loads stage modules from ``module:name`` strings with ``importlib``, which is no import statement:
+that is how stages that call ``run_stage`` themselves (pipeline, scale-search) stay out of a circle with it.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import REPO
+
+#: Modules whose functions may import the package's own modules, and why.
+ALLOWED_IN_FUNCTIONS = {
+    "nope_lightning.cli": "the fast-failure path: a mistyped stage or key fails before torch or Lightning load",
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    """One imported package module: ``importer`` imports ``names`` of ``target`` at ``line``."""
+
+    importer: str
+    target: str
+    names: tuple[str, ...]
+    line: int
+    in_function: bool
+
+
+def module_name(path: Path, root: Path) -> str:
+    """``root/a/b.py`` -> ``<root name>.a.b``; a package's ``__init__.py`` is the package."""
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+class _Collector(ast.NodeVisitor):
+    """The imports of the package's modules in one module's tree."""
+
+    def __init__(self, module: str, package: str, modules: set[str]) -> None:
+        self.module, self.package, self.modules = module, package, modules
+        self.depth = 0  # enclosing functions and classes
+        self.found: list[Import] = []
+
+    def _scope(self, node: ast.AST) -> None:
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _scope
+
+    def visit_Import(self, node: ast.Import) -> None:
+        self._add(node, {alias.name: [alias.name] for alias in node.names})
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        base = self.package.rsplit(".", node.level - 1)[0] if node.level else ""
+        base = ".".join(filter(None, [base, node.module]))
+        names: dict[str, list[str]] = defaultdict(list)
+        for alias in node.names:  # ``from package import module`` imports the module
+            submodule = f"{base}.{alias.name}"
+            names[submodule if submodule in self.modules else base].append(alias.name)
+        self._add(node, names)
+
+    def _add(self, node: ast.stmt, names: dict[str, list[str]]) -> None:
+        """One ``Import`` per package module that ``node`` imports (``names``: module -> imported names)."""
+        self.found += [Import(self.module, target, tuple(taken), node.lineno, self.depth > 0)
+                       for target, taken in names.items() if target in self.modules]
+
+
+def package_imports(root: Path) -> list[Import]:
+    """Every import of one of the package's modules by another, for the package at ``root``."""
+    paths = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    found: list[Import] = []
+    for module, path in paths.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        collector = _Collector(module, package, set(paths))
+        collector.visit(ast.parse(path.read_text(), str(path)))
+        found += [i for i in collector.found if i.target != module]
+    return found
+
+
+def circles(found: list[Import]) -> list[list[str]]:
+    """The import circles: strongly connected groups of two or more modules (Tarjan), each sorted."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for i in found:
+        graph[i.importer].add(i.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(groups)
+
+
+def describe_circle(group: list[str], found: list[Import]) -> str:
+    """The circle's modules, then each import between them with the names it takes."""
+    names: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for i in found:
+        if i.importer in group and i.target in group:
+            names[(i.importer, i.target)].update(i.names)
+    edges = [f"  {a} -> {b}: {', '.join(sorted(n))}" for (a, b), n in sorted(names.items())]
+    return "\n".join([f"circle: {', '.join(group)}", *edges])
+
+
+def function_level(found: list[Import]) -> list[Import]:
+    """Imports of the package's modules inside functions or classes, outside ``ALLOWED_IN_FUNCTIONS``."""
+    return [i for i in found if i.in_function and i.importer not in ALLOWED_IN_FUNCTIONS]
+
+
+def test_the_package_has_no_import_circle():
+    found = package_imports(REPO / "nope_lightning")
+    report = [describe_circle(group, found) for group in circles(found)]
+    assert not report, "import circles (break them; a TYPE_CHECKING or function-level import hides one):\n" + \
+        "\n".join(report)
+
+
+def test_the_package_imports_its_own_modules_at_module_top():
+    late = function_level(package_imports(REPO / "nope_lightning"))
+    lines = [f"  {i.importer}:{i.line} imports {i.target} ({', '.join(i.names)})" for i in late]
+    assert not lines, "imports of the package's own modules inside functions (move them to the module top; " \
+                     "where one avoided a circle, remove the circle):\n" + "\n".join(lines)
+
+
+def test_the_checks_see_circles_hidden_imports_and_late_imports(tmp_path):
+    files = {"__init__.py": "", "a.py": "from pkg.sub import b\n", "sub/__init__.py": "",
+             "sub/b.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from ..a import X\n",
+             "c.py": "import pkg.a\n\n\ndef f():\n    from pkg import sub\n    from .sub import b\n",
+             "d.py": "from . import c\n"}
+    for name, text in files.items():
+        (tmp_path / "pkg" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pkg" / name).write_text(text)
+    found = package_imports(tmp_path / "pkg")
+    assert circles(found) == [["pkg.a", "pkg.sub.b"]]
+    assert describe_circle(["pkg.a", "pkg.sub.b"], found) == ("circle: pkg.a, pkg.sub.b\n"
+                                                              "  pkg.a -> pkg.sub.b: b\n"
+                                                              "  pkg.sub.b -> pkg.a: X")
+    assert [(i.importer, i.target, i.line) for i in function_level(found)] == [("pkg.c", "pkg.sub", 5),
+                                                                               ("pkg.c", "pkg.sub.b", 6)]
+    assert ("pkg.d", "pkg.c") in {(i.importer, i.target) for i in found}
