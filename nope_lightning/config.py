@@ -299,6 +299,7 @@ PASSKEY_PROMPTS = ("reference", "compact")
 RETRIEVAL_FILLERS = ("corpus", "reference", "mixed")
 RETRIEVAL_LENGTHS = ("uniform", "full")
 SPLITS = ("val", "test")
+DATA_MIXES = ("recipe", "text")
 
 
 @dataclass
@@ -342,9 +343,9 @@ class PretrainConfig:
     steps (a cosine decay trains a model that does not break past L at this budget), 5.6 M tokens over 2
     DDP processes, and 40 % retrieval sequences filling the whole window (``retrieval``) so passkey
     accuracy exists inside L.
-    ``batch_size`` is per process. ``tokens_per_parameter`` > 0 sets the training budget instead of
-    ``trainer.max_steps``: that many training tokens per non-embedding parameter (Kaplan et al. 2020's count:
-    token, output and absolute-position embeddings excluded), rounded up to whole optimizer steps.
+    ``batch_size`` is per process. ``tokens_per_parameter`` (unset: ``trainer.max_steps`` steps) sets the
+    training budget instead: that many training tokens per non-embedding parameter (Kaplan et al. 2020's count:
+    token, output and absolute-position embeddings excluded), rounded to whole optimizer steps.
     ``out_dir`` empty means ``mlruns/checkpoints/pretrain/<run name>``; with ``resume=true`` a run restarted
     with the same ``out_dir`` continues from its last checkpoint.
     """
@@ -357,7 +358,7 @@ class PretrainConfig:
     retrieval: RetrievalConfig = field(default_factory=lambda: RetrievalConfig(fraction=0.4, length="full"))
     train_len: int = 128
     batch_size: int = 8
-    tokens_per_parameter: float = 0.0
+    tokens_per_parameter: float | None = None
     seed: int = 1234
     name: str = ""
     out_dir: str = ""
@@ -366,7 +367,9 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         check_range("train_len", self.train_len, 1)
         check_range("batch_size", self.batch_size, 1)
-        check_range("tokens_per_parameter", self.tokens_per_parameter, 0.0)
+        if self.tokens_per_parameter is not None and self.tokens_per_parameter <= 0:
+            raise ValueError(f"tokens_per_parameter={self.tokens_per_parameter} is a training budget of no tokens: "
+                             f"give a positive number, or leave it unset to train trainer.max_steps steps")
         if self.train_len > self.model.max_positions:
             raise ValueError(f"train_len={self.train_len} exceeds model.max_positions="
                              f"{self.model.max_positions}; raise model.max_positions")
@@ -639,6 +642,9 @@ class HeadScaleConfig:
     per head of the log-length temperature ``max(1, 1 + a ln((i+1)/train_len))``, a >= 0 by projection, the
     same optimizer and budget; ``init=search`` starts every head from the scale-search's fit a,
     ``default`` from a = 0, a number from that a).
+    ``data_mix``: ``recipe`` (default) tunes on the model's own pre-training mix at ``target_len`` (its
+    ``retrieval`` share of passkey sequences included), so a skill the recipe taught is not tuned away by a
+    data shift; ``text`` tunes on corpus text only (the paper's recipe, whose models saw text only).
     """
 
     checkpoint: str = ""
@@ -647,6 +653,7 @@ class HeadScaleConfig:
     scale_search: str = ""
     constraint: bool = True
     parameterization: str = "lambda"
+    data_mix: str = "recipe"
     steps: int = 200
     batch_size: int = 8
     seed: int = 4321
@@ -674,6 +681,7 @@ class HeadScaleConfig:
             raise ValueError("init=search needs scale_search=<scale-search run id or scale_search.json>; "
                              "or use init=default / init=<lambda>")
         check_choice("parameterization", self.parameterization, ("lambda", "log"))
+        check_choice("data_mix", self.data_mix, DATA_MIXES)
         if self.parameterization == "log" and not self.constraint:
             raise ValueError("parameterization=log has no constraint=false ablation: a >= 0 is part of the "
                              "definition (with a < 0, max(1, 1 + a ln((i+1)/L)) is 1 everywhere)")
@@ -689,12 +697,14 @@ class FinetuneConfig:
 
     ``budget``: ``fair`` trains on HeadScale's token budget (``steps`` x ``batch_size`` x ``target_len``),
     ``raw`` on ``raw_multiplier`` times that. ``rope_scaling.factor=1`` (the default) means
-    target_len / train_len.
+    target_len / train_len. ``data_mix``: as HeadScale's (``recipe``: the model's pre-training mix, retrieval
+    sequences included; ``text``: corpus text only).
     """
 
     checkpoint: str = ""
     target_len: int = 0
     rope_scaling: RopeScalingConfig = field(default_factory=lambda: RopeScalingConfig(method="pi"))
+    data_mix: str = "recipe"
     budget: str = "fair"
     raw_multiplier: int = 5
     steps: int = 200
@@ -714,6 +724,7 @@ class FinetuneConfig:
         _check_target("target_len", self.target_len)
         check_choice("rope_scaling.method", self.rope_scaling.method, ("pi", "yarn", "yarn_paper"))
         check_choice("budget", self.budget, ("fair", "raw"))
+        check_choice("data_mix", self.data_mix, DATA_MIXES)
         for key in ("raw_multiplier", "steps", "batch_size"):
             check_range(key, getattr(self, key), 1)
 

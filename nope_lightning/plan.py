@@ -18,13 +18,15 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from nope_lightning.config import DataConfig, PipelineConfig, PretrainConfig, TrainerConfig
+from nope_lightning.config import DataConfig, PipelineConfig, PretrainConfig
 from nope_lightning.data.corpus import corpus_label
 from nope_lightning.eval.longctx import answer_tokens
 from nope_lightning.progress import pipeline_line
 from nope_lightning.stages.finetune import check_rope_model
+from nope_lightning.stages.pretrain import output_dir, with_budget
 from nope_lightning.steps import Instance, expand, reference_problems, step_config
 from nope_lightning.training.module import check_target_len
+from nope_lightning.training.trainer import training_tokens
 
 PARENT = "dry-run-parent"  # the parent run id the step configs are nested under (no run is created)
 
@@ -80,6 +82,7 @@ def plan(cfg: PipelineConfig, quiet: bool = False) -> dict[str, Any]:
             status = "; ".join(entry["problems"]) or "ok"
             pipeline_line(f"[{number}/{len(instances)}] {instance.step.stage} {instance.id}: dry run: {status}")
     problems = list(dict.fromkeys(f"step {s['id']}: {p}" for s in steps for p in s["problems"]))
+    problems += shared_out_dirs(steps)
     if problems:
         raise ValueError(f"dry run of pipeline {cfg.name!r}: {len(problems)} problem(s):\n" + "\n".join(problems))
     return {"name": cfg.name, "dry_run": True, "seeds": list(cfg.seeds), "matrix": dict(cfg.matrix),
@@ -119,14 +122,22 @@ def plan_step(instance: Instance, cfg: PipelineConfig, references: list[str], re
     return entry
 
 
+def shared_out_dirs(steps: list[dict]) -> list[str]:
+    """One line per pre-training out_dir two instances would train into (the second would refuse the first's
+    checkpoint after the first's compute)."""
+    owners: dict[str, str] = {}
+    problems = []
+    for entry in steps:
+        if "out_dir" in entry and entry["out_dir"] in owners:
+            problems.append(f"step {entry['id']}: trains into {entry['out_dir']} like step {owners[entry['out_dir']]}; "
+                            f"give the step a label, or a name= holding @{{matrix.<key>}} and @{{seed}}, so each instance has its own")
+        owners.setdefault(entry.get("out_dir", ""), entry["id"])
+    return problems
+
+
 def run_id_of(checkpoint: str) -> str:
     """``runs:/<run id>/...`` -> the run id; '' for a local folder."""
     return checkpoint.removeprefix("runs:/").split("/")[0] if checkpoint.startswith("runs:/") else ""
-
-
-def training_tokens(trainer: TrainerConfig, steps: int, batch_size: int, length: int) -> int:
-    """Tokens a training run reads: optimizer steps x per-process batch x processes x accumulation x length."""
-    return steps * batch_size * trainer.devices * trainer.num_nodes * trainer.accumulate_grad_batches * length
 
 
 def cached_documents(data: DataConfig, split: str) -> list[int] | None:
@@ -185,6 +196,12 @@ def target_problems(entry: dict, model: Model | None, lengths: list[int]) -> Non
 
 def plan_pretrain(cfg: PretrainConfig, model: Model, entry: dict) -> dict[str, type]:
     entry["lengths"] = {"train_len": cfg.train_len}
+    try:
+        cfg = with_budget(cfg)
+    except ValueError as err:
+        entry["problems"].append(str(err))
+    entry["steps"] = cfg.trainer.max_steps
+    entry["out_dir"] = str(output_dir(cfg))
     entry["training_tokens"] = training_tokens(cfg.trainer, cfg.trainer.max_steps, cfg.batch_size, cfg.train_len)
     check_training_data(entry, cfg.data, entry["training_tokens"], cfg.train_len)
     return {**training_keys(cfg.train_len), "model": str}

@@ -188,8 +188,8 @@ def write(tmp_path: Path, **fields) -> Path:
 
 
 def test_seeds_and_a_matrix_expand_every_step_with_its_own_references(dry_run, tmp_path):
-    steps = [dict(STEPS[0], overrides=["model.n_layer=@{matrix.n_layer}"]), STEPS[1],
-             dict(STEPS[2], only={"n_layer": ["1"]})]
+    steps = [dict(STEPS[0], overrides=["model.n_layer=@{matrix.n_layer}", "name=nope-@{matrix.n_layer}layers-s@{seed}"]),
+             STEPS[1], dict(STEPS[2], only={"n_layer": ["1"]})]
     path = tmp_path / "grid.yaml"
     path.write_text(yaml.safe_dump({"name": "grid", "seeds": [3, 4], "matrix": {"n_layer": [1, 2]}, "steps": steps}))
     plan = dry_run(path)
@@ -217,6 +217,28 @@ def test_bad_pipeline_settings_fail_in_one_line_before_anything_runs(tmp_path, t
         stage_config("pipeline", str(write(tmp_path, **fields)), tracking_overrides)
     assert str(err.value).splitlines()[0].startswith(expected) or expected in str(err.value).splitlines()[0]
     assert mlflow_runs(tmp_path) == []
+
+
+def test_two_instances_training_into_one_out_dir_are_refused(dry_run, tmp_path):
+    steps = [dict(STEPS[0], overrides=["model.n_layer=@{matrix.n_layer}"]), STEPS[1]]
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"name": "grid", "matrix": {"n_layer": [1, 2]}, "steps": steps}))
+    assert problems(dry_run, path) == [
+        "step pretrain_nope[n_layer=2]: trains into mlruns/checkpoints/pretrain/pretrain-nope-tiny-L64-s1234 like "
+        "step pretrain_nope[n_layer=1]; give the step a label, or a name= holding @{matrix.<key>} and @{seed}, so "
+        "each instance has its own"]
+
+
+def test_a_token_budget_of_zero_is_refused(dry_run, tmp_path):
+    steps = [dict(STEPS[0], overrides=["tokens_per_parameter=@{matrix.tokens}", "name=t@{matrix.tokens}"]), STEPS[1]]
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"name": "grid", "matrix": {"tokens": [0.001, 4]}, "steps": steps}))
+    lines = problems(dry_run, path)
+    assert len(lines) == 1 and lines[0].startswith("step pretrain_nope[tokens=0.001]: tokens_per_parameter=0.001 x ")
+    assert "a token budget of 0" in lines[0]
+    plan = dry_run(write(tmp_path, steps=[dict(STEPS[0], overrides=["tokens_per_parameter=40"])]))
+    # 40 tokens per non-embedding parameter of the tiny model (2 x 64), in steps of 8 x 64 tokens
+    assert plan["steps"][0]["steps"] == round(40 * 100672 / (8 * 64))
 
 
 def test_a_reference_to_a_step_that_skips_the_point_is_refused(dry_run, tmp_path):

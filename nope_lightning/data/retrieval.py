@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nope_lightning.config import RETRIEVAL_FILLERS, RETRIEVAL_LENGTHS
+from nope_lightning.config import RETRIEVAL_FILLERS, RETRIEVAL_LENGTHS, RetrievalConfig
 from nope_lightning.eval.passkey import PasskeyPromptBuilder
 
 #: Fewest haystack tokens a retrieval sequence holds (else the "retrieval" is a copy from a few tokens back).
@@ -101,3 +101,12 @@ class RetrievalMix:
         ids = np.asarray([*before, *prompt, *key_ids], dtype=np.int64)
         assert len(ids) == self.width
         return ids, self.width - len(key_ids), key
+
+
+def recipe_mix(tokenizer, retrieval: RetrievalConfig, seq_len: int) -> RetrievalMix | None:
+    """A pre-training recipe's retrieval mix (``retrieval``) at windows of ``seq_len`` tokens, or None when the
+    recipe has none (``fraction=0``): what pretrain trains on, and what HeadScale and the fine-tunes tune on
+    with ``data_mix=recipe``."""
+    if not retrieval.fraction:
+        return None
+    return RetrievalMix(tokenizer, retrieval.fraction, seq_len, retrieval.prompt, retrieval.filler, retrieval.length)

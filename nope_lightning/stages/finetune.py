@@ -27,12 +27,13 @@ from nope_lightning import tracking
 from nope_lightning.checkpoint import CONFIG, LoadedModel, export_model, load_model, resolve_reference
 from nope_lightning.config import FinetuneConfig, PretrainConfig, RopeScalingConfig, load_config
 from nope_lightning.data import PackedDataModule, PreparedData, prepare
+from nope_lightning.data.retrieval import recipe_mix
 from nope_lightning.training.module import CausalLM, check_target_len, check_tokenizer, trained_model
 from nope_lightning.training.trainer import ResumableFit, check_strategy, resumable_fit
 
 #: Sections that must match for a run to continue from the checkpoint in its out_dir.
-RESUME_KEYS = ("checkpoint", "target_len", "rope_scaling", "budget", "raw_multiplier", "steps", "batch_size", "seed",
-               "optim")
+RESUME_KEYS = ("checkpoint", "target_len", "rope_scaling", "data_mix", "budget", "raw_multiplier", "steps", "batch_size",
+               "seed", "optim")
 
 
 def check_rope_model(cfg: PretrainConfig, ref: str) -> None:
@@ -40,7 +41,7 @@ def check_rope_model(cfg: PretrainConfig, ref: str) -> None:
     model = cfg.model
     if model.pos_encoding != "rope":
         raise ValueError(f"checkpoint={ref} is a {model.pos_encoding} model; finetune extends RoPE models with "
-                         f"PI/YaRN (extend a NoPE model with the headscale stage or evaluate extension.temperature=)")
+                         f"PI/YaRN (extend a NoPE model with the headscale stage or evaluate extension.temperature.uniform=)")
     if model.rope_scaling.method != "none":
         raise ValueError(f"checkpoint={ref} already uses rope_scaling={model.rope_scaling.method} "
                          f"(factor {model.rope_scaling.factor:g}); fine-tune the original RoPE export instead")
@@ -88,9 +89,11 @@ def train(cfg: FinetuneConfig, resumable: ResumableFit, loaded: LoadedModel, pre
     seed_everything(cfg.seed, workers=True, verbose=False)
     steps = cfg.total_steps
     module = CausalLM(loaded.model, cfg.optim, steps, cfg.trainer.compile)
+    mix = recipe_mix(prepared.tokenizer, loaded.config.retrieval, cfg.target_len) if cfg.data_mix == "recipe" else None
     data = PackedDataModule(prepared, cfg.target_len, cfg.batch_size, cfg.seed, cfg.trainer.val_batches,
-                            loaded.config.data.num_workers)
-    settings = {"finetune/steps": steps, "finetune/rope_factor": scaling.factor}
+                            loaded.config.data.num_workers, mix)
+    settings = {"finetune/steps": steps, "finetune/rope_factor": scaling.factor,
+                "finetune/retrieval_fraction": mix.fraction if mix else 0.0}
     trainer = resumable.fit(module, data, stage="finetune", name=name, max_steps=steps,
                             metrics=lambda trainer: {"finetune/tokens": trained_tokens(cfg, trainer), **settings})
     model = trained_model(trainer, loaded.model)
@@ -101,7 +104,7 @@ def train(cfg: FinetuneConfig, resumable: ResumableFit, loaded: LoadedModel, pre
     meta = {"step": trainer.global_step, "data_key": prepared.key, "run_id": run_id, "metrics": metrics,
             "finetune": {"base_checkpoint": cfg.checkpoint, "base_fingerprint": loaded.fingerprint,
                          "target_len": cfg.target_len, "rope_scaling": dataclasses.asdict(scaling),
-                         "budget": cfg.budget, "steps": steps, "tokens": tokens}}
+                         "budget": cfg.budget, "steps": steps, "tokens": tokens, "data_mix": cfg.data_mix}}
     export = export_model(out / "model", model, dataclasses.replace(loaded.config, name=name),
                           loaded.tokenizer_file, meta)
     tracking.log_artifacts(cfg.tracking, run_id, export, "model")

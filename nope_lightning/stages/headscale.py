@@ -58,6 +58,7 @@ from nope_lightning import tracking
 from nope_lightning.checkpoint import LoadedModel, legacy_renamed, load_model
 from nope_lightning.config import HeadScaleConfig, OptimConfig
 from nope_lightning.data import PackedDataModule, PreparedData, prepare
+from nope_lightning.data.retrieval import recipe_mix
 from nope_lightning.eval import plots
 from nope_lightning.eval.entropy import CONVERGED_TAIL, converged_entropy, validation_windows
 from nope_lightning.extension import best_temperature, fitted_slope, scale_search_for
@@ -83,8 +84,8 @@ from nope_lightning.training.trainer import ResumableFit, check_strategy, resuma
 CONSTRAINED_FLOOR = 1.0  # paper Eq. 6, lambda >= 1/sqrt(d), in our units of 1/sqrt(d)
 UNCONSTRAINED_FLOOR = 0.01  # constraint=false: only keeps lambda a (positive) temperature
 #: Sections that must match for a run to continue from the checkpoint in its out_dir.
-RESUME_KEYS = ("checkpoint", "target_len", "init", "scale_search", "constraint", "parameterization", "steps",
-               "batch_size", "seed", "optim")
+RESUME_KEYS = ("checkpoint", "target_len", "init", "scale_search", "constraint", "parameterization", "data_mix",
+               "steps", "batch_size", "seed", "optim")
 
 
 @dataclass(frozen=True)
@@ -232,8 +233,9 @@ def train(cfg: HeadScaleConfig, resumable: ResumableFit, callbacks: Sequence, lo
     seed_everything(cfg.seed, workers=True, verbose=False)
     param.write(model, torch.full((model.cfg.n_layer, model.cfg.n_head), init))
     module = HeadScaleLM(model, param, cfg.optim, cfg.steps, param.floor(cfg.constraint), cfg.trainer.compile)
+    mix = recipe_mix(prepared.tokenizer, loaded.config.retrieval, cfg.target_len) if cfg.data_mix == "recipe" else None
     data = PackedDataModule(prepared, cfg.target_len, cfg.batch_size, cfg.seed, cfg.trainer.val_batches,
-                            loaded.config.data.num_workers)
+                            loaded.config.data.num_workers, mix)
     trainer = resumable.fit(module, data, stage="headscale", name=name, max_steps=cfg.steps, callbacks=callbacks,
                             metrics=lambda _: {f"headscale/init_{param.symbol}": init,
                                                "headscale/trainable_parameters": count_parameters(model, True)})
@@ -252,6 +254,7 @@ def train(cfg: HeadScaleConfig, resumable: ResumableFit, callbacks: Sequence, lo
                "train_len": loaded.config.train_len, "target_len": cfg.target_len, "units": param.table.units,
                "init": {"mode": cfg.init, symbol: init, "scale_search": cfg.scale_search},
                "constraint": cfg.constraint, f"{symbol}_floor": module.floor, "steps": trainer.global_step,
+               "data_mix": {"mode": cfg.data_mix, "retrieval_fraction": mix.fraction if mix else 0.0},
                "val_loss": metrics[monitor], param.table.key: table.tolist()}
     log_outputs(cfg, run_id, loaded, prepared, summary, out / param.table_file, trainer.strategy.root_device)
     return {"run_id": run_id, "out_dir": str(out), "table": str(out / param.table_file),

@@ -19,19 +19,36 @@ from nope_lightning.checkpoint import export_model
 from nope_lightning.config import PretrainConfig
 from nope_lightning.data import PackedDataModule, prepare
 from nope_lightning.data.corpus import corpus_label
-from nope_lightning.data.retrieval import RetrievalMix
+from nope_lightning.data.retrieval import recipe_mix
 from nope_lightning.model import GPT, count_parameters
+from nope_lightning.model.gpt import non_embedding_parameters
 from nope_lightning.training.module import CausalLM, trained_model
-from nope_lightning.training.trainer import ResumableFit, check_strategy, resumable_fit
+from nope_lightning.training.trainer import ResumableFit, check_strategy, resumable_fit, training_tokens
 
 #: Sections that must match for a run to continue from a checkpoint (max_steps may grow, tracking may move).
 RESUME_KEYS = ("model", "data", "optim", "retrieval", "train_len", "batch_size", "seed")
 
 
 def default_name(cfg: PretrainConfig) -> str:
+    """``pretrain-<pe>[-ssmax]-<corpus>-L<train_len>-s<seed>``: replicates of one recipe (seeds) never share
+    an out_dir; other differences need their own ``name=`` (a resumed out_dir refuses another config)."""
     corpus = corpus_label(cfg.data.corpus)
     ssmax = "-ssmax" if cfg.model.ssmax else ""
-    return f"pretrain-{cfg.model.pos_encoding}{ssmax}-{corpus}-L{cfg.train_len}"
+    return f"pretrain-{cfg.model.pos_encoding}{ssmax}-{corpus}-L{cfg.train_len}-s{cfg.seed}"
+
+
+def with_budget(cfg: PretrainConfig) -> PretrainConfig:
+    """``cfg`` with ``trainer.max_steps`` set from ``tokens_per_parameter`` (when given): that many tokens per
+    non-embedding parameter, in whole steps; one line when the budget rounds to no step at all."""
+    if cfg.tokens_per_parameter is None:
+        return cfg
+    parameters = non_embedding_parameters(cfg.model, cfg.train_len)
+    per_step = training_tokens(cfg.trainer, 1, cfg.batch_size, cfg.train_len)
+    steps = round(cfg.tokens_per_parameter * parameters / per_step)
+    if steps < 1:
+        raise ValueError(f"tokens_per_parameter={cfg.tokens_per_parameter:g} x {parameters} non-embedding parameters "
+                         f"is less than one optimizer step of {per_step} tokens: a token budget of 0; raise it")
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, max_steps=steps))
 
 
 def output_dir(cfg: PretrainConfig) -> Path:
@@ -40,6 +57,7 @@ def output_dir(cfg: PretrainConfig) -> Path:
 
 def run(cfg: PretrainConfig) -> dict[str, Any]:
     check_strategy(cfg.trainer)
+    cfg = with_budget(cfg)
     with resumable_fit(output_dir(cfg), cfg, RESUME_KEYS, cfg.resume) as resumable:
         return train(cfg, resumable)
 
@@ -52,13 +70,15 @@ def train(cfg: PretrainConfig, resumable: ResumableFit) -> dict[str, Any]:
     seed_everything(cfg.seed, workers=True, verbose=False)
     model = GPT(cfg.model, prepared.tokenizer.vocab_size, cfg.train_len)
     module = CausalLM(model, cfg.optim, cfg.trainer.max_steps, cfg.trainer.compile)
-    mix = (RetrievalMix(prepared.tokenizer, cfg.retrieval.fraction, cfg.train_len, cfg.retrieval.prompt,
-                        cfg.retrieval.filler, cfg.retrieval.length) if cfg.retrieval.fraction else None)
     data = PackedDataModule(prepared, cfg.train_len, cfg.batch_size, cfg.seed, cfg.trainer.val_batches,
-                            cfg.data.num_workers, mix)
+                            cfg.data.num_workers, recipe_mix(prepared.tokenizer, cfg.retrieval, cfg.train_len))
 
     trainer = resumable.fit(module, data, stage="pretrain", name=name, max_steps=cfg.trainer.max_steps,
-                            metrics=lambda _: {"model/parameters": count_parameters(model)})
+                            metrics=lambda _: {"model/parameters": count_parameters(model),
+                                               "model/non_embedding_parameters": non_embedding_parameters(
+                                                   cfg.model, cfg.train_len),
+                                               "train/tokens": training_tokens(cfg.trainer, cfg.trainer.max_steps,
+                                                                               cfg.batch_size, cfg.train_len)})
     trained = trained_model(trainer, model)  # every rank: under FSDP the shards are gathered here
 
     run_id = trainer.logger.run_id if trainer.is_global_zero else None

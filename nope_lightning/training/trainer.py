@@ -238,6 +238,11 @@ def record_run(out: Path, cfg: Any, run_id: str) -> None:
     (out / RUN_ID_FILE).write_text(run_id)
 
 
+def training_tokens(trainer: TrainerConfig, steps: int, batch_size: int, length: int) -> int:
+    """Tokens a training run reads: optimizer steps x per-process batch x processes x accumulation x length."""
+    return steps * batch_size * trainer.devices * trainer.num_nodes * trainer.accumulate_grad_batches * length
+
+
 def checkpoint_callback(out: Path, every: int, max_steps: int) -> ModelCheckpoint:
     """``out/checkpoints/step*.ckpt`` every ``every`` optimizer steps (0: at the end) and ``last.ckpt``."""
     return ModelCheckpoint(dirpath=out / "checkpoints", filename="step{step:06d}", save_last=True,
