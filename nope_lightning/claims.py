@@ -207,8 +207,9 @@ def _entropy_correlation(claim: Claim, runs: Runs) -> Evidence:
     """Spearman's rho over the methods of (entropy past L, log-PPL past L), positions [L, hi L) of the same
     position windows; methods without runs are left out (at least three are needed)."""
     methods = tuple(m for m in claim.methods if m in runs)
-    if len(methods) < 3:
-        raise NotMeasured(f"a rank correlation needs >= 3 of {', '.join(claim.methods)} ({len(methods)} ran)")
+    if len(methods) < max(3, claim.min_methods):
+        raise NotMeasured(f"a rank correlation needs >= {max(3, claim.min_methods)} of {', '.join(claim.methods)} "
+                          f"({len(methods)} ran)")
     seeds = _common_seeds(runs, methods)
     lo, hi = claim.multiples
     tables = [np.concatenate([np.concatenate([position_units(_result(runs, m, s), [(lo, hi)], "entropy"),

@@ -820,10 +820,15 @@ class PipelineConfig:
                 hint = f"did you mean {close[0]!r}? " if close else ""
                 problems.append(f"unknown claim {claim_id!r}; {hint}claims: {', '.join(CLAIMS_BY_ID)}")
                 continue
-            needed = {*claim.methods, *(m for p in claim.preconditions for m in p.methods)}
+            needed = {*(claim.methods if not claim.min_methods else ()),
+                      *(m for p in claim.preconditions for m in p.methods)}
             for method in sorted(needed - methods):
                 problems.append(f"claim {claim_id!r} compares method {method!r}, which no step of pipeline "
                                 f"{self.name!r} runs (a step label or id); add the step or drop the claim")
+            if claim.min_methods and len(set(claim.methods) & methods) < claim.min_methods:
+                problems.append(f"claim {claim_id!r} needs at least {claim.min_methods} of the methods "
+                                f"{', '.join(claim.methods)}; pipeline {self.name!r} runs "
+                                f"{len(set(claim.methods) & methods)}")
         if problems:
             raise ValueError("\n".join(problems))
 

@@ -105,6 +105,8 @@ class Claim:
     side: str = "above"
     unit: str = "nats"
     preconditions: tuple[Precondition, ...] = ()
+    #: Methods that must run (0: all of them); a correlation over a family needs only some of its members.
+    min_methods: int = 0
 
     @property
     def rule(self) -> str:
@@ -136,7 +138,7 @@ CLAIMS: tuple[Claim, ...] = (
           "entropy rises toward log i where PPL fails; scaling re-concentrates it", "entropy_correlation",
           ("nope", "nope lambda=1.2", "nope lambda=1.5", "nope lambda=best@2x", "nope lambda=best@4x",
            "headscale 2x", "headscale 4x", "headscale 4x w/o init", "headscale 4x w/o constraint"),
-          (1, 8), 0.0, unit="(rank correlation)"),
+          (1, 8), 0.0, unit="(rank correlation)", min_methods=4),
     Claim("nope_retrieves_past_L", "NoPE retrieves the passkey past L where RoPE does not (accuracy at 2x)",
           "Fig 6: NoPE > RoPE past L", "passkey_difference", ("nope", "rope"), (2,), 0.1, unit="(accuracy)",
           preconditions=(Precondition("passkey_at_least", ("nope", "rope"), 0.5, 1),)),
