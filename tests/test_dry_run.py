@@ -61,7 +61,7 @@ def test_every_experiment_file_plans_without_compute(path, dry_run, tmp_path):
 
 def test_small_plan_numbers(dry_run):
     plan = dry_run(REPO / "experiments/small.yaml")
-    assert plan["seeds"] == [1234, 2345, 3456] and len(plan["steps"]) == 3 * 17
+    assert plan["seeds"] == [1234, 2345, 3456] and len(plan["steps"]) == 3 * 14
     steps = {s["id"].removesuffix("[seed=1234]"): s for s in plan["steps"] if s["id"].endswith("[seed=1234]")}
     pretrain = steps["pretrain_nope"]
     assert pretrain["model"] == {"from": "pretrain_nope[seed=1234]", "pos_encoding": "nope",
@@ -69,7 +69,7 @@ def test_small_plan_numbers(dry_run):
     assert pretrain["training_tokens"] == 2750 * 8 * 2 * 128  # steps x batch x DDP processes x train_len: 5.6 M
     assert pretrain["data"] == {"corpus": "kjv", "train_tokens": "unchecked: known once the corpus is prepared"}
     assert steps["pretrain_rope"]["model"]["pos_encoding"] == "rope"
-    assert steps["eval_nope"]["lengths"] == {"eval": [128, 256, 512, 1024], "passkey": [128, 256, 512, 1024],
+    assert steps["eval_nope"]["lengths"] == {"eval": [128, 256, 512, 1024], "passkey": [128, 256, 512],
                                              "max_new_tokens": 8, "longctx_new_tokens": 0}
     assert steps["search_nope"]["lengths"] == {"targets": [256, 512, 1024]}
     assert steps["headscale_4x"]["training_tokens"] == 200 * 8 * 512
