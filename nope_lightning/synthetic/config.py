@@ -3,7 +3,7 @@
 ``SyntheticConfig`` is one run (``nope-lightning run synthetic task=<name> pos_encoding=<pe>``): one task,
 one position encoding, one seed. ``SyntheticGridConfig`` is the study (``run synthetic-grid``): tasks x
 PEs x seeds, each cell a ``SyntheticConfig`` made from ``base``. The schema defaults are the ``small``
-CPU recipe (``conf/synthetic/small.yaml`` repeats them to document it), in the style of ``config.py``:
+CPU recipe (``conf/synthetic/small.yaml`` repeats them to document it), in the style of ``nope_lightning.config``:
 every bad value raises ``ValueError`` naming its key before any compute.
 """
 

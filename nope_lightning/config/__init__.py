@@ -1,0 +1,61 @@
+"""Typed configuration: one dataclass per stage, merged defaults <- YAML <- ``key=value`` overrides.
+
+``core`` holds the merge (``load_config``) and the checks, ``parts`` the shared sections (model, data, optimizer,
+trainer, tracking, retrieval mix), ``stages`` the stage configs, ``pipeline`` the experiment-file schema.
+Everything is importable from here.
+"""
+
+from nope_lightning.config.core import (
+    ACCELERATORS,
+    ATTENTION_BACKENDS,
+    DATA_MIXES,
+    LONGCTX_TASKS,
+    MIN_RESAMPLES,
+    PASSKEY_PROMPTS,
+    POS_ENCODINGS,
+    PRECISIONS,
+    RETRIEVAL_FILLERS,
+    RETRIEVAL_LENGTHS,
+    ROPE_SCALINGS,
+    SPLITS,
+    STRATEGIES,
+    check_bootstrap,
+    check_choice,
+    check_range,
+    check_target_length,
+    flatten,
+    load_config,
+    to_dict,
+    to_yaml,
+)
+from nope_lightning.config.parts import (
+    AttentionTemperature,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    RetrievalConfig,
+    RopeScalingConfig,
+    TrackingConfig,
+    TrainerConfig,
+    small_recipe_trainer,
+)
+from nope_lightning.config.pipeline import PipelineConfig, PipelineStep, ReportConfig
+from nope_lightning.config.stages import (
+    EvaluateConfig,
+    ExtensionConfig,
+    FinetuneConfig,
+    HeadScaleConfig,
+    PrepareConfig,
+    PretrainConfig,
+    ScaleSearchConfig,
+)
+
+__all__ = [
+    "ACCELERATORS", "ATTENTION_BACKENDS", "DATA_MIXES", "LONGCTX_TASKS", "MIN_RESAMPLES", "PASSKEY_PROMPTS",
+    "POS_ENCODINGS", "PRECISIONS", "RETRIEVAL_FILLERS", "RETRIEVAL_LENGTHS", "ROPE_SCALINGS", "SPLITS", "STRATEGIES",
+    "AttentionTemperature", "DataConfig", "EvaluateConfig", "ExtensionConfig", "FinetuneConfig", "HeadScaleConfig",
+    "ModelConfig", "OptimConfig", "PipelineConfig", "PipelineStep", "PrepareConfig", "PretrainConfig",
+    "ReportConfig", "RetrievalConfig", "RopeScalingConfig", "ScaleSearchConfig", "TrackingConfig", "TrainerConfig",
+    "check_bootstrap", "check_choice", "check_range", "check_target_length", "flatten", "load_config",
+    "small_recipe_trainer", "to_dict", "to_yaml",
+]

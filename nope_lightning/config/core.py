@@ -1,0 +1,130 @@
+"""Typed configuration: dataclass schema <- YAML <- ``key=value`` overrides, merged with OmegaConf.
+
+Every stage has one config dataclass (``config/stages.py``, ``config/pipeline.py``) built from the shared pieces
+(``config/parts.py``). ``load_config`` merges the defaults of that dataclass with an optional YAML file (which
+holds only differences) and a dotlist of command-line overrides, then turns the result back into the dataclass.
+Unknown keys, wrong types, bad choices and out-of-range values all raise ``ValueError`` naming the key, before
+any compute. This module holds the merge, the checks every dataclass uses and the choices they accept.
+
+Units: temperatures (``model.temperature`` and per-head tables) are in units of 1/sqrt(head_size):
+``1.0`` is the standard softmax scale, the papers' "1.2" means lambda = 1.2/sqrt(d).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+POS_ENCODINGS = ("nope", "rope", "alibi", "learned", "sinusoidal", "t5")
+ROPE_SCALINGS = ("none", "pi", "ntk", "dynamic_ntk", "yarn", "yarn_paper")
+ATTENTION_BACKENDS = ("sdpa", "flash")
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "fsdp2")
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+#: The fewest bootstrap resamples a config may ask for: below ~100 the 2.5 % / 97.5 % percentiles rest on a
+#: handful of resamples and move from run to run.
+MIN_RESAMPLES = 100
+
+T = TypeVar("T")
+
+
+def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} is not a valid choice; pick one of {', '.join(choices)}")
+
+
+def check_bootstrap(key: str, resamples: int) -> None:
+    """A bootstrap needs enough resamples for stable 2.5 % / 97.5 % percentiles (``stats.MIN_RESAMPLES``)."""
+    if resamples < MIN_RESAMPLES:
+        raise ValueError(f"{key}={resamples} bootstrap resamples are too few for a 95 % interval: use >= "
+                         f"{MIN_RESAMPLES} (1000 is the default)")
+
+
+def check_range(key: str, value: float, low: float | None = None, high: float | None = None,
+                low_open: bool = False) -> None:
+    """Raise ``ValueError`` unless ``low <= value <= high`` (``low < value`` when ``low_open``)."""
+    if low is not None and (value <= low if low_open else value < low):
+        op = ">" if low_open else ">="
+        raise ValueError(f"{key}={value} is out of range: it must be {op} {low}")
+    if high is not None and value > high:
+        raise ValueError(f"{key}={value} is out of range: it must be <= {high}")
+
+
+
+PASSKEY_PROMPTS = ("reference", "compact")
+RETRIEVAL_FILLERS = ("corpus", "reference", "mixed")
+RETRIEVAL_LENGTHS = ("uniform", "full")
+SPLITS = ("val", "test")
+DATA_MIXES = ("recipe", "text")
+LONGCTX_TASKS = ("multikey_retrieval", "passage_retrieval", "passage_count", "variable_tracking")
+
+
+def _format_error(err: OmegaConfBaseException) -> str:
+    key = getattr(err, "full_key", None) or ""
+    msg = str(err).splitlines()[0]
+    return f"config key '{key}': {msg}" if key else msg
+
+
+def load_config(cls: type[T], yaml_path: str | os.PathLike | None = None,
+                overrides: list[str] | tuple[str, ...] = ()) -> T:
+    """Merge ``cls`` defaults <- YAML file <- ``key=value`` overrides into a validated ``cls``.
+
+    Raises ``ValueError`` (naming the key) for unknown keys, wrong types, bad choices, out-of-range
+    values and malformed overrides; ``FileNotFoundError`` for a missing YAML file.
+    """
+    layers: list[Any] = [OmegaConf.structured(cls)]
+    if yaml_path is not None:
+        path = Path(yaml_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        loaded = OmegaConf.load(path)
+        if not OmegaConf.is_dict(loaded):
+            raise ValueError(f"{path}: a config file must hold a mapping of keys, got {type(loaded).__name__}")
+        layers.append(loaded)
+    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        raise ValueError(f"overrides must look like key=value, got: {' '.join(bad)}")
+    try:
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(*layers)
+        missing = sorted(OmegaConf.missing_keys(merged))
+        if missing:
+            raise ValueError(f"missing required config values: {', '.join(missing)}")
+        return OmegaConf.to_object(merged)  # runs every __post_init__ check
+    except OmegaConfBaseException as err:
+        raise ValueError(_format_error(err)) from None
+    except yaml.YAMLError as err:  # a malformed value in an override, e.g. an unquoted '{' in a list
+        raise ValueError(f"cannot parse an override value: {str(err).splitlines()[0]} (quote it)") from None
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The resolved config as a plain nested dict (for logging and saving)."""
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Any) -> str:
+    """The resolved config as YAML text; ``load_config(type(cfg), file)`` reads it back unchanged."""
+    return OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg)))
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (MLflow params)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def check_target_length(key: str, value: int) -> None:
+    check_range(key, value, 2)

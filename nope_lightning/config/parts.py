@@ -1,0 +1,289 @@
+"""The pieces every stage config is built from: the model, data, optimizer, trainer, tracking and retrieval-mix
+sections (checked as ``config/core.py`` checks)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nope_lightning.config.core import (
+    ACCELERATORS,
+    ATTENTION_BACKENDS,
+    PASSKEY_PROMPTS,
+    POS_ENCODINGS,
+    PRECISIONS,
+    RETRIEVAL_FILLERS,
+    RETRIEVAL_LENGTHS,
+    ROPE_SCALINGS,
+    STRATEGIES,
+    check_choice,
+    check_range,
+)
+
+
+@dataclass
+class RopeScalingConfig:
+    """How RoPE frequencies are rescaled for a context longer than the one trained on.
+
+    ``factor`` is s = target length / ``original_len``; ``original_len=0`` means the model's ``train_len``.
+    ``beta_fast``/``beta_slow`` are YaRN's ramp bounds (in rotations over ``original_len``).
+    """
+
+    method: str = "none"
+    factor: float = 1.0
+    original_len: int = 0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_choice("model.rope_scaling.method", self.method, ROPE_SCALINGS)
+        check_range("model.rope_scaling.factor", self.factor, 1.0)
+        check_range("model.rope_scaling.original_len", self.original_len, 0)
+        if self.beta_fast <= self.beta_slow:
+            raise ValueError("model.rope_scaling.beta_fast must be > beta_slow (YaRN ramp bounds)")
+
+
+@dataclass
+class AttentionTemperature:
+    """The attention temperature of every head and query (``model/temperature.py``), units of 1/sqrt(d).
+
+    ``uniform``: one lambda for every head; ``table``: a per-head (n_layer, n_head) table file (.safetensors or
+    .json, what HeadScale saves), multiplied with ``uniform``. Log-length scaling ``max(1, 1 + a ln((i+1)/L))``
+    for the query at position i of a model trained at L tokens, multiplied with those, its slopes a from at
+    most one of: ``log_slope`` a given a >= 0 (0: off); ``log_slope_table`` a per-head table of slopes (what
+    HeadScale-log saves); ``log_slope_fit`` a scale-search run (id, ``runs:/<id>`` or its
+    ``scale_search.json``) whose fit a to use. Under ``extension`` a table may also be
+    ``runs:/<run_id>/<artifact path>``, and ``nope_lightning.extension`` resolves both references for the
+    evaluated model (the fit is refused when it was run on another model); under ``model`` the settings are
+    resolved ones: local files and no fit.
+    """
+
+    uniform: float = 1.0
+    table: str = ""
+    log_slope: float = 0.0
+    log_slope_table: str = ""
+    log_slope_fit: str = ""
+
+    def check(self, prefix: str, resolved: bool) -> None:
+        """Raise ``ValueError`` naming ``prefix.<key>`` for a bad value; ``resolved``: refuse references."""
+        check_range(f"{prefix}.uniform", self.uniform, 0.0, low_open=True)
+        check_range(f"{prefix}.log_slope", self.log_slope, 0.0)  # a < 0 would make max(1, ...) 1 everywhere
+        if (self.log_slope > 0) + bool(self.log_slope_table) + bool(self.log_slope_fit) > 1:
+            raise ValueError(f"{prefix}.log_slope, log_slope_table and log_slope_fit all set the slopes a: give one")
+        if not resolved:
+            return
+        if self.log_slope_fit:
+            raise ValueError(f"{prefix}.log_slope_fit: a model takes the slope itself ({prefix}.log_slope=<a>); "
+                             f"a scale-search fit is for evaluate's extension.temperature.log_slope_fit")
+        for key in ("table", "log_slope_table"):
+            if getattr(self, key).startswith("runs:/"):
+                raise ValueError(f"{prefix}.{key}: a model reads a local file; a runs:/ artifact is for "
+                                 f"evaluate's extension.temperature.{key}")
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of the causal LM (litgpt block: RMSNorm, SwiGLU MLP, grouped-query attention).
+
+    ``n_query_groups=0`` means one key/value head per query head (plain multi-head attention).
+    ``max_positions`` sizes the learned absolute-position table (and bounds every PE's usable length).
+    ``temperature``: the attention temperatures (``AttentionTemperature``, resolved: local files, no fit),
+    an evaluation-time setting like ``rope_scaling``; ``ssmax`` pre-trains with Scalable-Softmax's learned
+    per-head ``s ln(i+1)`` multiplier (nope, alibi, rope).
+    """
+
+    n_layer: int = 4
+    n_head: int = 4
+    n_query_groups: int = 0
+    n_embd: int = 128
+    intermediate_size: int = 352
+    norm_eps: float = 1e-5
+    pos_encoding: str = "nope"
+    max_positions: int = 8192
+    rope_base: float = 10000.0
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+    temperature: AttentionTemperature = field(default_factory=AttentionTemperature)
+    ssmax: bool = False
+    attention_backend: str = "sdpa"
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        check_choice("model.pos_encoding", self.pos_encoding, POS_ENCODINGS)
+        check_choice("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        for key in ("n_layer", "n_head", "n_embd", "intermediate_size", "max_positions"):
+            check_range(f"model.{key}", getattr(self, key), 1)
+        check_range("model.n_query_groups", self.n_query_groups, 0)
+        if self.n_embd % self.n_head:
+            raise ValueError(f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}")
+        if self.n_query_groups and self.n_head % self.n_query_groups:
+            raise ValueError(f"model.n_head={self.n_head} must be divisible by model.n_query_groups="
+                             f"{self.n_query_groups}")
+        self.temperature.check("model.temperature", resolved=True)
+        if self.ssmax and self.pos_encoding not in ("nope", "alibi", "rope"):
+            raise ValueError(f"model.ssmax=true supports pos_encoding nope, alibi or rope, not {self.pos_encoding}")
+        check_range("model.t5_num_buckets", self.t5_num_buckets, 2)
+        check_range("model.t5_max_distance", self.t5_max_distance, 1)
+        if self.pos_encoding in ("sinusoidal", "learned", "rope") and self.head_size % 2:
+            raise ValueError(f"model.pos_encoding={self.pos_encoding} needs an even head size")
+        if self.rope_scaling.method != "none" and self.pos_encoding != "rope":
+            raise ValueError(f"model.rope_scaling.method={self.rope_scaling.method} applies to "
+                             f"pos_encoding=rope only (got {self.pos_encoding})")
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_query_groups or self.n_head
+
+
+@dataclass
+class DataConfig:
+    """Corpus, tokenizer and split settings.
+
+    ``corpus``: ``kjv`` (the 66 books of the King James Bible; no fetch: the ``small`` recipe's corpus),
+    ``books`` (KJV Bible + Shakespeare/Milton + Austen), ``code`` (CPython stdlib), ``math`` (HOL Light,
+    Metamath, Coq), ``tiny`` (a few KJV books; no fetch, for tests) or a path to a folder of
+    ``.txt``/``.jsonl`` files. Splits are by whole document with ``split_seed``.
+    ``cache_dir`` empty means ``$NOPE_LIGHTNING_CACHE`` or ``~/.cache/nope_lightning``.
+    """
+
+    corpus: str = "kjv"
+    vocab_size: int = 2048
+    split_seed: int = 1234
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    cache_dir: str = ""
+    num_workers: int = 0
+
+    def __post_init__(self) -> None:
+        check_range("data.vocab_size", self.vocab_size, 260)
+        check_range("data.val_fraction", self.val_fraction, 0.0, 0.5, low_open=True)
+        check_range("data.test_fraction", self.test_fraction, 0.0, 0.5, low_open=True)
+        check_range("data.num_workers", self.num_workers, 0)
+        if not self.corpus:
+            raise ValueError("data.corpus is empty: name a corpus (kjv, books, code, math, tiny) or a folder")
+
+    @property
+    def cache_path(self) -> Path:
+        root = self.cache_dir or os.environ.get("NOPE_LIGHTNING_CACHE") or "~/.cache/nope_lightning"
+        return Path(root).expanduser()
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warm-up then cosine decay to ``min_lr_ratio * lr``."""
+
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_range("optim.lr", self.lr, 0.0, low_open=True)
+        check_range("optim.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        check_range("optim.warmup_steps", self.warmup_steps, 0)
+        check_range("optim.weight_decay", self.weight_decay, 0.0)
+        check_range("optim.beta1", self.beta1, 0.0, 1.0)
+        check_range("optim.beta2", self.beta2, 0.0, 1.0)
+        check_range("optim.grad_clip", self.grad_clip, 0.0)
+
+
+@dataclass
+class TrainerConfig:
+    """Lightning Trainer settings (the only place they are read is ``run.build_trainer``).
+
+    ``threads=0`` picks the measured best intra-op thread count for this host (see README: on 2 cores
+    one thread per process beats two). ``val_every_n_steps=0`` validates once, at the end.
+
+    ``strategy``: ``fsdp`` is Lightning's FSDP1 (CUDA only); ``fsdp2`` is ``torch.distributed.fsdp.fully_shard``
+    (``run.FSDP2Strategy``: CUDA or CPU/gloo, frozen weights get no gradient, ``32-true`` or ``bf16-mixed``).
+    ``activation_checkpointing`` recomputes each transformer block's activations in the backward pass under
+    both FSDP strategies (memory for compute; the other strategies ignore it).
+    """
+
+    max_steps: int = 700
+    accelerator: str = "auto"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"
+    precision: str = "32-true"
+    threads: int = 0
+    val_every_n_steps: int = 350
+    val_batches: int = 16
+    log_every_n_steps: int = 10
+    checkpoint_every_n_steps: int = 350
+    accumulate_grad_batches: int = 1
+    compile: bool = False
+    progress_bar: bool = True
+    activation_checkpointing: bool = True
+
+    def __post_init__(self) -> None:
+        check_choice("trainer.accelerator", self.accelerator, ACCELERATORS)
+        check_choice("trainer.strategy", self.strategy, STRATEGIES)
+        check_choice("trainer.precision", self.precision, PRECISIONS)
+        for key in ("max_steps", "devices", "num_nodes", "val_batches", "log_every_n_steps",
+                    "accumulate_grad_batches"):
+            check_range(f"trainer.{key}", getattr(self, key), 1)
+        for key in ("threads", "val_every_n_steps", "checkpoint_every_n_steps"):
+            check_range(f"trainer.{key}", getattr(self, key), 0)
+
+
+@dataclass
+class TrackingConfig:
+    """MLflow tracking. Default store: SQLite under ``mlruns/`` (MLflow 3 refuses a bare folder store).
+
+    ``parent_run_id`` nests this stage's run under a pipeline/study run.
+    """
+
+    uri: str = "sqlite:///mlruns/mlflow.db"
+    artifact_root: str = "mlruns/artifacts"
+    experiment: str = "nope_lightning"
+    run_name: str = ""
+    parent_run_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.uri.startswith("file:"):
+            raise ValueError("tracking.uri: MLflow 3 refuses folder stores; use sqlite:///path/mlflow.db")
+        if "://" not in self.uri and not self.uri.startswith("databricks"):
+            raise ValueError(f"tracking.uri={self.uri!r} is not a URI; use e.g. sqlite:///mlruns/mlflow.db")
+
+
+@dataclass
+class RetrievalConfig:
+    """Passkey sequences mixed into pre-training (``data/retrieval.py``); off (``fraction=0``) by default.
+
+    ``fraction`` of the training windows (expected share, in [0, 1)) become a passkey prompt whose haystack
+    is corpus text (``filler=corpus``), the reference passkey filler (``reference``) or either (``mixed``),
+    followed by the key; ``prompt`` is the passkey prompt form (``compact`` drops the task line so the prompt
+    fits short windows) and should match evaluate's ``passkey_prompt``. ``length``: ``uniform`` draws the
+    prompt's length uniformly up to the window (the rest is corpus text), ``full`` makes every prompt fill the
+    window, so the key-to-question distance is uniform over the whole of ``train_len``.
+    """
+
+    fraction: float = 0.0
+    prompt: str = "compact"
+    filler: str = "mixed"
+    length: str = "uniform"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.fraction < 1.0:
+            raise ValueError(f"retrieval.fraction={self.fraction} is out of range: it must be in [0, 1)")
+        check_choice("retrieval.prompt", self.prompt, PASSKEY_PROMPTS)
+        check_choice("retrieval.filler", self.filler, RETRIEVAL_FILLERS)
+        check_choice("retrieval.length", self.length, RETRIEVAL_LENGTHS)
+
+
+def small_recipe_trainer() -> TrainerConfig:
+    """The ``small`` recipe's trainer: 2 CPU processes (DDP, one thread each: the most tokens per second on
+    2 cores), 2,750 steps of 2 x 8 windows of 128 tokens (5.6 M tokens)."""
+    return TrainerConfig(max_steps=2750, accelerator="cpu", devices=2, strategy="ddp", val_every_n_steps=550,
+                         checkpoint_every_n_steps=550)

@@ -1,0 +1,134 @@
+"""The pipeline and report configs: an experiment file's schema (steps, seeds, matrix, claims, sweep)."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+from nope_lightning.config.core import check_bootstrap
+from nope_lightning.config.parts import TrackingConfig
+from nope_lightning.paper import CLAIMS_BY_ID
+
+
+@dataclass
+class PipelineStep:
+    """One stage of a pipeline. ``overrides`` may reference earlier steps' results as ``@{step_id.key}``
+    (e.g. ``checkpoint=runs:/@{pretrain_nope.run_id}/model``), the replicate's seed as ``@{seed}`` and the
+    matrix point's values as ``@{matrix.<key>}``; ``label`` names the method in the report. ``only`` limits the
+    step to the matrix points whose values it lists (``{tokens_per_parameter: [4, 40]}``; empty: every point).
+    ``subprocess`` runs the step as its own ``nope-lightning run`` process (needed for multi-process
+    strategies: Lightning's DDP/FSDP launcher re-executes the command line in every extra rank)."""
+
+    id: str = ""
+    stage: str = ""
+    config: str = ""
+    overrides: list[str] = field(default_factory=list)
+    label: str = ""
+    subprocess: bool = False
+    only: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class PipelineConfig:
+    """``nope-lightning run pipeline experiments/<name>.yaml``: a chain of stages under one MLflow parent run.
+
+    ``common`` overrides go to every step whose config has that key (e.g. ``trainer.progress_bar=false``).
+    ``seeds``: every step runs once per seed (a replicate: pre-training steps train with ``seed=<seed>``, every
+    later step runs on that replicate's models), each run tagged with its seed; empty means one replicate with
+    the stages' own seeds. ``matrix``: every step runs once per point of the grid ``{key: [values]}`` (keys are
+    used as ``@{matrix.<key>}`` in overrides), inside each replicate. Steps run replicate by replicate, point by
+    point, in file order. ``claims``: ids of paper 001's claims (``paper.CLAIMS``) the report tests; each names
+    the methods (step labels) it compares, which the file must run. ``bootstrap``: resamples behind every
+    interval of the report. ``sweep``: ``{x: <matrix key>, lines: <matrix key>}`` adds the report's sweep
+    section (measures per matrix point, plotted against ``x``, one line per value of ``lines``).
+    A step whose resolved config matches a finished step of the same pipeline run is skipped; a killed
+    pipeline resumes where it stopped. ``report`` runs the report stage at the end. ``dry_run`` runs nothing:
+    it resolves and checks every step and prints the plan (``nope_lightning/plan.py``).
+    """
+
+    name: str = ""
+    steps: list[PipelineStep] = field(default_factory=list)
+    common: list[str] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    matrix: dict[str, list[str]] = field(default_factory=dict)
+    claims: list[str] = field(default_factory=list)
+    bootstrap: int = 1000
+    sweep: dict[str, str] = field(default_factory=dict)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    report: bool = True
+    dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a pipeline needs a name")
+        if not self.steps:
+            raise ValueError(f"pipeline {self.name!r} has no steps")
+        seen: set[str] = set()
+        for step in self.steps:
+            if not step.id or not step.stage:
+                raise ValueError(f"pipeline {self.name!r}: every step needs an id and a stage ({step})")
+            if step.id in seen:
+                raise ValueError(f"pipeline {self.name!r}: duplicate step id {step.id!r}")
+            seen.add(step.id)
+            for key, values in step.only.items():
+                if key not in self.matrix or not set(values) <= set(self.matrix[key]):
+                    raise ValueError(f"step {step.id!r}: only={{{key}: {values}}} names matrix values the file's "
+                                     f"matrix does not have ({key}: {self.matrix.get(key, 'no such key')})")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds={self.seeds} repeats a seed: give distinct integers, e.g. seeds=[1234,2345,3456]")
+        for key, values in self.matrix.items():
+            if not key.isidentifier() or not values or len(set(values)) != len(values):
+                raise ValueError(f"matrix key {key!r}: a matrix needs identifier keys and distinct values "
+                                 f"(got {values})")
+        check_bootstrap("bootstrap", self.bootstrap)
+        if self.sweep and (set(self.sweep) != {"x", "lines"} or not set(self.sweep.values()) <= set(self.matrix)):
+            raise ValueError(f"sweep={self.sweep}: give sweep={{x: <matrix key>, lines: <matrix key>}} "
+                             f"(matrix keys: {', '.join(self.matrix) or 'none'})")
+        self._check_claims()
+
+    def _check_claims(self) -> None:
+        """Every claim must be known and every method it compares must be run by a step of this file."""
+        methods = {step.label or step.id for step in self.steps}
+        problems = []
+        for claim_id in self.claims:
+            claim = CLAIMS_BY_ID.get(claim_id)
+            if claim is None:
+                close = difflib.get_close_matches(claim_id, CLAIMS_BY_ID, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                problems.append(f"unknown claim {claim_id!r}; {hint}claims: {', '.join(CLAIMS_BY_ID)}")
+                continue
+            needed = {*(claim.methods if not claim.min_methods else ()),
+                      *(m for p in claim.preconditions for m in p.methods)}
+            for method in sorted(needed - methods):
+                problems.append(f"claim {claim_id!r} compares method {method!r}, which no step of pipeline "
+                                f"{self.name!r} runs (a step label or id); add the step or drop the claim")
+            if claim.min_methods and len(set(claim.methods) & methods) < claim.min_methods:
+                problems.append(f"claim {claim_id!r} needs at least {claim.min_methods} of the methods "
+                                f"{', '.join(claim.methods)}; pipeline {self.name!r} runs "
+                                f"{len(set(claim.methods) & methods)}")
+        if problems:
+            raise ValueError("\n".join(problems))
+
+
+@dataclass
+class ReportConfig:
+    """``nope-lightning run report run=<pipeline run id>``: markdown tables + PNG plots from tracked runs,
+    written under ``out_dir`` (default ``mlruns/reports/<run id>``) and logged to MLflow. The claims tested
+    (``claims``), the sweep section (``sweep``) and the bootstrap resamples (``bootstrap``) are the pipeline's
+    own (its logged ``config.yaml``) unless given here (unset: ``None`` / ``0``)."""
+
+    run: str = ""
+    out_dir: str = ""
+    claims: list[str] | None = None
+    sweep: dict[str, str] | None = None
+    bootstrap: int = 0
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        if not self.run:
+            raise ValueError("run= is required: the MLflow run id of a pipeline")
+        for claim_id in self.claims or ():
+            if claim_id not in CLAIMS_BY_ID:
+                raise ValueError(f"unknown claim {claim_id!r}; claims: {', '.join(CLAIMS_BY_ID)}")
+        if self.bootstrap:
+            check_bootstrap("bootstrap", self.bootstrap)
