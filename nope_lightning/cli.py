@@ -6,8 +6,10 @@ Also: ``nope-lightning stages`` (list them), ``nope-lightning config <stage> [co
 this same command line in every rank (Lightning's DDP launcher), so it must stay free of interactive state.
 
 Output contract: stdout holds only the stage's JSON result; progress, logs and errors go to stderr (the
-stage runs with ``sys.stdout`` pointed at stderr). With ``$NOPE_LIGHTNING_RESULT`` set (a pipeline running
-a step as a subprocess) the result goes to that file instead, so the pipeline's own stdout stays one JSON. ``harness`` prints lm-eval's results table instead.
+stage runs with ``sys.stdout`` pointed at stderr). The JSON is strict (RFC 8259): a number that is NaN or
+infinite (e.g. the R² of a fit through too few points) is written as ``null``. With
+``$NOPE_LIGHTNING_RESULT`` set (a pipeline running a step as a subprocess) the result goes to that file
+instead, so the pipeline's own stdout stays one JSON. ``harness`` prints lm-eval's results table instead.
 Heavy modules (torch, Lightning, MLflow, lm-eval) are imported only once a stage or the harness runs, so a
 mistyped stage or key fails in well under a second.
 """
@@ -18,9 +20,12 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
+import numbers
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from nope_lightning import quiet
 from nope_lightning.config import to_yaml
@@ -35,7 +40,8 @@ EPILOG = """examples:
   nope-lightning run pipeline experiments/tiny.yaml
   nope-lightning harness --model_args checkpoint=<export folder> --tasks hellaswag
 
-stdout holds only the stage's JSON result; progress and logs go to stderr."""
+stdout holds only the stage's JSON result (strict JSON: null for a NaN or infinite number); progress and
+logs go to stderr."""
 #: ``harness``'s entry point, imported when it runs: it loads torch and lm-eval (seconds), which the other
 #: commands must not wait for.
 HARNESS = "nope_lightning.eval.harness:main"
@@ -67,6 +73,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def strict_json(value: Any) -> Any:
+    """``value`` with every NaN or infinite number replaced by None (JSON ``null``), through dicts, lists and
+    tuples; other numbers become plain ``float``/``int`` (numpy scalars included)."""
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    if isinstance(value, bool | int):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value) if math.isfinite(value) else None
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     quiet.install()
     args = sys.argv[1:] if argv is None else argv
@@ -94,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     from lightning.pytorch.utilities import rank_zero_only
 
     if rank_zero_only.rank == 0:  # DDP re-runs this command line in every rank; report once
-        text = json.dumps(result, indent=1, default=str)
+        text = json.dumps(strict_json(result), indent=1, default=str, allow_nan=False)
         if os.environ.get("NOPE_LIGHTNING_RESULT"):
             Path(os.environ["NOPE_LIGHTNING_RESULT"]).write_text(text)
         else:
