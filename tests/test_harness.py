@@ -18,6 +18,7 @@ lm_eval = pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
+from nope_lightning import cli  # noqa: E402
 from nope_lightning.config import ModelConfig, RopeScalingConfig  # noqa: E402
 from nope_lightning.data import TextTokenizer  # noqa: E402
 from nope_lightning.eval import harness  # noqa: E402
@@ -180,6 +181,17 @@ def test_unknown_task_or_task_folder_is_one_line_before_compute(lm, tmp_path):
         check_harness_tasks(["nl_tiny_mc"], str(tmp_path / "absent"))
     (tmp_path / "tiny_mc.yaml").write_text(TASK_YAML)
     check_harness_tasks(["nl_tiny_mc", "arc_easy"], str(tmp_path))
+
+
+def test_evaluate_refuses_an_unknown_harness_task_before_building_a_model(tracking_overrides, capsys):
+    """The checkpoint does not exist either, so an error naming the task shows the check came first. ASSUMES
+    ``evaluate.run`` calls ``check_harness_tasks`` first thing (the lead wires it at the merge); until then this
+    test fails."""
+    code = cli.main(["run", "evaluate", "checkpoint=/nonexistent/model", *tracking_overrides,
+                     "harness_tasks=[arc_easy,no_such_task]"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "has no task(s) no_such_task" in err and "checkpoint" not in err
 
 
 def test_device_defaults_to_cuda_when_available_else_cpu_and_a_missing_one_is_one_line(capsys):
