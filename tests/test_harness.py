@@ -194,6 +194,13 @@ def test_evaluate_refuses_an_unknown_harness_task_before_building_a_model(tracki
     assert "has no task(s) no_such_task" in err and "checkpoint" not in err
 
 
+def test_bad_model_args_are_one_line_before_loading():
+    with pytest.raises(ValueError, match="model_args: Key 'foo' not in 'ExtensionConfig'; they take checkpoint"):
+        NopeLightningLM.from_settings(checkpoint="/nonexistent", foo=1)
+    with pytest.raises(ValueError, match="model_args need checkpoint="):
+        NopeLightningLM.from_settings(temperature=1.2)
+
+
 def test_device_defaults_to_cuda_when_available_else_cpu_and_a_missing_one_is_one_line(capsys):
     assert resolve_device(None) == torch.device("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device("cpu") == torch.device("cpu")

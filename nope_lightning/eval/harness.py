@@ -1,12 +1,12 @@
 """lm-evaluation-harness adapter: our models as the harness model ``nope-lightning``, and its command line.
 
 Importing this module registers the model. lm-eval discovers no third-party models by itself, so its command
-line runs through ours, which takes lm-eval's own arguments (``lm_eval run --help``)::
+line runs through ours, which takes lm-eval's own arguments (``nope-lightning harness --help``)::
 
     nope-lightning harness --model_args checkpoint=runs:/<id>/model,temperature=1.2 --tasks arc_easy,piqa
 
 ``--model nope-lightning`` is the default, and so is the device: CUDA when available, else the CPU (lm-eval's
-own default, ``cuda:0``, fails on a CPU-only machine). stdout is lm-eval's results table and nothing else;
+command line would otherwise pass ``cuda:0``, which a CPU-only machine lacks). stdout is lm-eval's results table and nothing else;
 its logs go to stderr. ``model_args`` are ``checkpoint`` plus any evaluation-time setting of
 ``ExtensionConfig`` (``temperature``, ``temperature_table``, ``rope_scaling.method``,
 ``rope_scaling.factor``, ...), ``tracking.uri`` for a ``runs:/`` checkpoint, and ``max_length`` (default:
@@ -44,6 +44,7 @@ from lm_eval.utils import (
     simple_parse_args_string,
 )
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from nope_lightning import quiet
 from nope_lightning.checkpoint import load_model
@@ -104,7 +105,7 @@ class NopeLightningLM(TemplateLM):
                       **settings: Any) -> NopeLightningLM:
         """Load ``checkpoint`` with extension ``settings`` (``temperature=1.2``, ``rope_scaling.factor=4``,
         ``tracking.uri=...``) onto ``device`` (``resolve_device``: by default CUDA when available, else the CPU)."""
-        # Imported here: evaluate imports this module's functions, so a top-level import would be circular.
+        # Imported here: stages.evaluate imports this module, so a top-level import of it would be circular.
         from nope_lightning.stages.evaluate import extension_overrides
 
         if not checkpoint:
@@ -113,9 +114,14 @@ class NopeLightningLM(TemplateLM):
         settings = {k: v for k, v in settings.items() if v is not None and k != "max_batch_size"}
         tracking = {k.removeprefix("tracking."): v for k, v in settings.items() if k.startswith("tracking.")}
         extension = [f"{k}={v}" for k, v in settings.items() if not k.startswith("tracking.")]
-        ext = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ExtensionConfig),
-                                                  OmegaConf.from_dotlist(extension)))
-        tracking_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrackingConfig), tracking))
+        try:
+            ext = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ExtensionConfig),
+                                                      OmegaConf.from_dotlist(extension)))
+            tracking_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrackingConfig), tracking))
+        except OmegaConfBaseException as err:
+            raise ValueError(f"nope-lightning model_args: {str(err).splitlines()[0]}; they take checkpoint, "
+                             f"max_length, tracking.* and the extension settings (temperature, "
+                             f"rope_scaling.method, ...)") from None
         loaded = load_model(checkpoint, tracking_cfg, **extension_overrides(ext, tracking_cfg, checkpoint))
         size = 1 if str(batch_size).startswith("auto") else int(batch_size)
         return cls(loaded.model.to(target), TextTokenizer.load(loaded.tokenizer_file), size, int(max_length))
