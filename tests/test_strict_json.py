@@ -53,8 +53,10 @@ def test_every_stage_prints_strict_json(tmp_path, data_cache, capsys):
     searched = run("scale-search", model, *store, "target_lengths=[128]", "grid=[1.0,1.5]", "ppl_tokens=256",
                    "position_buckets=2", "stride=32", f"storage=sqlite:///{tmp_path}/optuna.db")
     assert searched["scale_search/fit_r2"] is None and searched["scale_search/fit_a"] is None
-    assert run("headscale", str(REPO / "conf/headscale/tiny.yaml"), model, *store, "steps=2", quiet)
-    assert run("finetune", str(REPO / "conf/finetune/tiny.yaml"), model, *store, "steps=2", quiet)
+    assert run("headscale", str(REPO / "conf/headscale/tiny.yaml"), model, *store, "steps=2",
+               f"out_dir={tmp_path}/headscale", quiet)
+    assert run("finetune", str(REPO / "conf/finetune/tiny.yaml"), model, *store, "steps=2",
+               f"out_dir={tmp_path}/finetune", quiet)
     assert run("synthetic", str(REPO / "conf/synthetic/tiny.yaml"), *store, "trainer.max_steps=2")
 
 
