@@ -1,26 +1,35 @@
 """``nope-lightning run <stage> [conf.yaml] [key=value ...]`` — the only command line; no per-feature flags.
 
-Also: ``nope-lightning stages`` (list them) and ``nope-lightning config <stage> [conf.yaml] [k=v ...]``
-(print the resolved config without running anything). Multi-process runs re-execute this same command
-line in every rank (Lightning's DDP launcher), so it must stay free of interactive state.
+Also: ``nope-lightning stages`` (list them), ``nope-lightning config <stage> [conf.yaml] [k=v ...]``
+(print the resolved config without running anything) and ``nope-lightning harness [lm_eval arguments]``
+(lm-evaluation-harness on one of our checkpoints, ``eval/harness.py:main``). Multi-process runs re-execute
+this same command line in every rank (Lightning's DDP launcher), so it must stay free of interactive state.
 
 Output contract: stdout holds only the stage's JSON result; progress, logs and errors go to stderr (the
-stage runs with ``sys.stdout`` pointed at stderr). With ``$NOPE_LIGHTNING_RESULT`` set (a pipeline running
-a step as a subprocess) the result goes to that file instead, so the pipeline's own stdout stays one JSON.
-Heavy modules (torch, Lightning, MLflow) are imported only once a stage runs, so a mistyped stage or key
-fails in well under a second.
+stage runs with ``sys.stdout`` pointed at stderr). The JSON is strict (RFC 8259): a number that is NaN or
+infinite (e.g. the R² of a fit through too few points) is written as ``null``. With
+``$NOPE_LIGHTNING_RESULT`` set (a pipeline running a step as a subprocess) the result goes to that file
+instead, so the pipeline's own stdout stays one JSON. ``harness`` prints lm-eval's results table instead.
+Heavy modules (torch, Lightning, MLflow, lm-eval) are imported only once a stage or the harness runs, so a
+mistyped stage or key fails in well under a second.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
+import math
+import numbers
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from nope_lightning import quiet
+from nope_lightning.config import to_yaml
+from nope_lightning.run import STAGES, run_stage, stage_config
 
 DESCRIPTION = "Length generalization without position encoding (NoPE): pretraining, temperature search, " \
               "HeadScale, RoPE/ALiBi baselines, evaluation and reports."
@@ -29,8 +38,13 @@ EPILOG = """examples:
   nope-lightning config pretrain conf/pretrain/tiny.yaml
   nope-lightning run pretrain model.pos_encoding=rope
   nope-lightning run pipeline experiments/tiny.yaml
+  nope-lightning harness --model_args checkpoint=<export folder> --tasks hellaswag
 
-stdout holds only the stage's JSON result; progress and logs go to stderr."""
+stdout holds only the stage's JSON result (strict JSON: null for a NaN or infinite number); progress and
+logs go to stderr."""
+#: ``harness``'s entry point, imported when it runs: it loads torch and lm-eval (seconds), which the other
+#: commands must not wait for.
+HARNESS = "nope_lightning.eval.harness:main"
 
 
 def _split(args: list[str]) -> tuple[str | None, list[str]]:
@@ -54,14 +68,34 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("args", nargs="*", metavar="[conf.yaml] [key=value ...]",
                              help="a YAML of differences from the stage's defaults, then overrides")
     sub.add_parser("stages", help="list the stages")
+    sub.add_parser("harness", help="lm-evaluation-harness on a checkpoint, with lm_eval's arguments "
+                                   "(nope-lightning harness --help)")
     return parser
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every NaN or infinite number replaced by None (JSON ``null``), through dicts, lists and
+    tuples; other numbers become plain ``float``/``int`` (numpy scalars included)."""
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    if isinstance(value, bool | int):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value) if math.isfinite(value) else None
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
     quiet.install()
-    ns = _parser().parse_args(argv)
-
-    from nope_lightning.run import STAGES, run_stage, stage_config
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["harness"]:  # lm-eval parses the rest (its options are not ours)
+        module, name = HARNESS.split(":")
+        return getattr(importlib.import_module(module), name)(args[1:])
+    ns = _parser().parse_args(args)
 
     if ns.command == "stages":
         width = max(map(len, STAGES))
@@ -72,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
         yaml_path, overrides = _split(ns.args)
         cfg = stage_config(ns.stage, yaml_path, overrides)
         if ns.command == "config":
-            from nope_lightning.config import to_yaml
-
             print(to_yaml(cfg), end="")
             return 0
         with contextlib.redirect_stdout(sys.stderr):
@@ -84,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     from lightning.pytorch.utilities import rank_zero_only
 
     if rank_zero_only.rank == 0:  # DDP re-runs this command line in every rank; report once
-        text = json.dumps(result, indent=1, default=str)
+        text = json.dumps(strict_json(result), indent=1, default=str, allow_nan=False)
         if os.environ.get("NOPE_LIGHTNING_RESULT"):
             Path(os.environ["NOPE_LIGHTNING_RESULT"]).write_text(text)
         else:

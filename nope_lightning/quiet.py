@@ -2,14 +2,16 @@
 
 ``install()`` runs first thing in ``cli.main`` (before Lightning, MLflow or tqdm are imported), and every
 child process (DDP ranks, pipeline steps run as subprocesses) goes through ``cli.main`` again, so the
-settings hold everywhere. Each entry below names the exact source it silences; warnings and errors from
-those sources still show.
+settings hold everywhere. ``lm_eval_git()`` is called by the harness adapter (``eval/harness.py``) before
+lm-eval evaluates. Each entry below names the exact source it silences; warnings and errors from those
+sources still show.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import warnings
 
@@ -53,3 +55,26 @@ def install() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     for message, category in WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
+
+
+def lm_eval_git() -> None:
+    """Keep git's complaint out of the output when lm-eval records the working directory's commit.
+
+    lm-eval's ``simple_evaluate`` calls ``lm_eval.loggers.utils.get_git_commit_hash``, which runs ``git
+    describe --always`` with stderr inherited: outside a git checkout "fatal: not a git repository" lands in
+    the user's terminal or log. The replacement makes the same call with git's stderr captured and falls
+    back as lm-eval does (``get_commit_from_path``); the commit, when there is one, is still recorded.
+    """
+    # Imported here: the command line imports this module before anything heavy, and lm_eval is only
+    # needed by the runs that evaluate harness tasks.
+    from lm_eval import evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    def git_commit_hash() -> str | None:
+        try:
+            proc = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=True)
+        except (subprocess.CalledProcessError, FileNotFoundError):
+            return get_commit_from_path(os.getcwd())
+        return proc.stdout.strip()
+
+    evaluator.get_git_commit_hash = git_commit_hash

@@ -30,6 +30,10 @@ from nope_lightning.locks import file_lock
 
 PARENT_TAG = "mlflow.parentRunId"
 OWNER_TAG = "nope_lightning.owner"
+#: MLflow 3's experiment kind: the UI's "Machine learning" kind, as opposed to "GenAI apps & agents". MLflow 3.4
+#: and 3.8 (checked) pick an experiment's first page from it (runs here, traces for GenAI); 3.17 follows its
+#: sidebar's GenAI / Model training switch instead (README, "Browsing results").
+KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
 #: While checking a store: no retries, and a short timeout (MLflow's defaults retry for minutes).
 CHECK_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 _READY: set[str] = set()  # SQLite stores whose schema this process has already seen created
@@ -56,23 +60,26 @@ def client(cfg: TrackingConfig):
 
 
 def experiment_id(cfg: TrackingConfig) -> str:
-    """Id of ``cfg.experiment``, created with its artifacts under ``cfg.artifact_root`` if new."""
+    """Id of ``cfg.experiment``, created with its artifacts under ``cfg.artifact_root`` if new; marked as a
+    model-training experiment (``KIND_TAG``) when created, and when found without a kind (an older store)."""
     from mlflow.exceptions import MlflowException
 
     mlflow_client = client(cfg)
     db = _sqlite_path(cfg.uri)
     with file_lock(f"{db}.lock") if db is not None else contextlib.nullcontext():
         exp = mlflow_client.get_experiment_by_name(cfg.experiment)
-        if exp is not None:
-            return exp.experiment_id
-        location = Path(cfg.artifact_root).resolve() / cfg.experiment
-        try:
-            return mlflow_client.create_experiment(cfg.experiment, artifact_location=location.as_uri())
-        except MlflowException:  # a process on another host created it first (a server store)
-            exp = mlflow_client.get_experiment_by_name(cfg.experiment)
-            if exp is None:
-                raise
-            return exp.experiment_id
+        if exp is None:
+            location = Path(cfg.artifact_root).resolve() / cfg.experiment
+            try:
+                return mlflow_client.create_experiment(cfg.experiment, artifact_location=location.as_uri(),
+                                                       tags={KIND_TAG: KIND})
+            except MlflowException:  # a process on another host created it first (a server store)
+                exp = mlflow_client.get_experiment_by_name(cfg.experiment)
+                if exp is None:
+                    raise
+        if KIND_TAG not in exp.tags:  # a kind chosen in the UI stays
+            mlflow_client.set_experiment_tag(exp.experiment_id, KIND_TAG, KIND)
+        return exp.experiment_id
 
 
 # --- fail fast -----------------------------------------------------------------------------------------

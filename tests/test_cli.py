@@ -37,7 +37,8 @@ def test_tiny_pipeline_stdout_is_the_json_result_and_stderr_is_clean(tmp_path, d
     proc = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=user_env(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
 
-    result = json.loads(proc.stdout)  # the whole of stdout, nothing before or after it
+    # The whole of stdout, nothing before or after it, strict JSON (no NaN/Infinity).
+    result = json.loads(proc.stdout, parse_constant=lambda constant: pytest.fail(f"stdout holds {constant}"))
     assert result["steps"] == 7 and len(result["run_id"]) == 32
 
     lines = proc.stderr.splitlines()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nope_lightning.config import AttentionTemperature, ModelConfig, RopeScalingConfig
-from nope_lightning.eval.generate import beam_search, greedy_decode
+from nope_lightning.eval.generate import beam_search, greedy_decode, greedy_generate
 from nope_lightning.model import GPT, set_temperatures
 
 VOCAB = 61
@@ -86,6 +86,30 @@ def test_dynamic_ntk_decodes_by_full_forwards():
     with pytest.raises(ValueError, match="dynamic NTK cannot use a KV cache"):
         with model.kv_cache(40):
             pass
+
+
+def test_dynamic_ntk_generation_does_not_depend_on_batch_mates():
+    """Prompts of lengths 30, 9, 17 and 1 decoded four to a batch give the tokens each gives alone: a short row
+    is never run padded to a long one, whose length would set its RoPE table."""
+    model = model_for("rope+dynamic_ntk")
+    alone = greedy_generate(model, prompts(), 12, 1, VOCAB)
+    assert greedy_generate(model, prompts(), 12, 4, VOCAB) == alone
+    assert all(len(ids) == 12 for ids in alone)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_stop_string_ends_a_row_where_it_first_appears(use_cache):
+    """Text ``,a,b,c,``: a row ends with the token whose text completes the stop string ``,t,`` (its first t);
+    rows without t run to the budget. The empty stop string is ignored."""
+    model = model_for("rope")
+    full = greedy_decode(model, prompts(), 12, vocab_size=VOCAB, use_cache=use_cache)
+    token = full[0][4]
+    got = greedy_decode(model, prompts(), 12, vocab_size=VOCAB, use_cache=use_cache, stop_strings=["", f",{token},"],
+                        decode=lambda ids: "," + ",".join(map(str, ids)) + ",")
+    assert got == [ids[: ids.index(token) + 1] if token in ids else ids for ids in full]
+    assert len(got[0]) <= 5 < len(full[0])
+    with pytest.raises(ValueError, match="stop_strings need decode"):
+        greedy_decode(model, prompts(), 2, vocab_size=VOCAB, stop_strings=["x"])
 
 
 def test_temperature_stays_folded_into_q_on_the_sdpa_path(monkeypatch):

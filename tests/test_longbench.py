@@ -10,13 +10,16 @@ import pytest
 import torch
 from torch import nn
 
+from nope_lightning import cli
 from nope_lightning.eval.longbench import (
     DATASET_TO_METRIC,
     LongBenchConfig,
+    check_longbench,
     classification_score,
     code_sim_score,
     count_score,
     load_longbench,
+    longbench_max_length,
     normalize_answer,
     qa_f1_score,
     qa_f1_zh_score,
@@ -177,7 +180,8 @@ def test_load_longbench_names_file_line_and_missing_field(tmp_path):
     path = write_jsonl(tmp_path / "types.jsonl", [record(answers="Me")])
     with pytest.raises(ValueError, match=r"types\.jsonl:1: field answers"):
         load_longbench(path)
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match=r"absent\.jsonl does not exist: .*data/<task>\.jsonl, and "
+                                                 r"data/<task>_e\.jsonl for LongBench-E"):
         load_longbench(tmp_path / "absent.jsonl")
     path = write_jsonl(tmp_path / "mine.jsonl", [record(dataset="my_task")])
     with pytest.raises(ValueError, match=r"mine\.jsonl:1: unknown LongBench task 'my_task'"):
@@ -229,7 +233,9 @@ def test_run_follows_templates_budgets_stops_and_truncation(oracle):
     metrics = run_longbench(model, tok, LONGBENCH_DATA / "sample.jsonl", 64, config_dir=LONGBENCH_DATA / "config")
     # qasper (budget 6, no newline stop): "AB\nCAB" -> words [ab, cab]: F1 2/3 vs "AB", 1 vs "AB CAB".
     # samsum: stops at the newline after "AB" (3 tokens), first line "AB": ROUGE-L 1.
-    assert metrics == {"longbench/qasper/score": pytest.approx(83.33), "longbench/samsum/score": 100.0}
+    # A 64-token window is too small for LongBench's rule (window - 500): prompts get the window minus the budget.
+    assert metrics == {"longbench/qasper/score": pytest.approx(83.33), "longbench/qasper/max_length": 58,
+                       "longbench/samsum/score": 100.0, "longbench/samsum/max_length": 58}
     template = json.loads((LONGBENCH_DATA / "config/dataset2prompt.json").read_text())["qasper"]
     short = 1 + len(template.format(context="zz", input="who?"))  # BOS + prompt
     # One forward per new token: 6 for each qasper sample; the long one cut to 64 - 6 positions; samsum 3.
@@ -243,7 +249,7 @@ def test_beam_search_and_longbench_e(oracle, tmp_path):
     path = write_jsonl(tmp_path / "qasper_e.jsonl", [{**r, "dataset": "qasper_e"} for r in rows])
     metrics = run_longbench(model, tok, path, 64, config_dir=LONGBENCH_DATA / "config", num_beams=3)
     # A one-hot model leaves beam search the greedy answer; lengths 120 and 5000 fall in two buckets.
-    assert metrics == {"longbench/qasper_e/score": pytest.approx(83.33),
+    assert metrics == {"longbench/qasper_e/score": pytest.approx(83.33), "longbench/qasper_e/max_length": 58,
                        "longbench/qasper_e/0-4k/score": pytest.approx(66.67),
                        "longbench/qasper_e/4-8k/score": 100.0}
 
@@ -253,12 +259,73 @@ def test_run_rejects_bad_beams_config_and_tasks(oracle, tmp_path):
     data, config = LONGBENCH_DATA / "sample.jsonl", LONGBENCH_DATA / "config"
     with pytest.raises(ValueError, match="num_beams=0 must be >= 1"):
         run_longbench(model, tok, data, 64, config_dir=config, num_beams=0)
-    with pytest.raises(ValueError, match="dataset2prompt.json does not exist"):
+    with pytest.raises(FileNotFoundError, match="dataset2prompt.json does not exist"):
         run_longbench(model, tok, data, 64, config_dir=tmp_path)
+    with pytest.raises(ValueError, match="qasper's 6-token answer budget leaves no room for a prompt in this "
+                                         "model's window of 7 tokens"):
+        run_longbench(model, tok, data, 7, config_dir=config)
+    assert model.lengths == []  # nothing generated: every task's budgets are checked first
     path = write_jsonl(tmp_path / "lcc.jsonl", [record(dataset="lcc")])
     with pytest.raises(ValueError, match="LongBench config has no prompt and budget for task 'lcc'"):
         run_longbench(model, tok, path, 64, config_dir=config)
     assert LongBenchConfig.load(config).task("qasper_e") == ("Read:\n{context}\nQ: {input}\nA:", 6)
+
+
+def test_prompt_budget_is_longbench_rule_cut_to_fit_each_answer(oracle):
+    """LongBench's max_length is the window minus 500 (its config/model2maxlen.json); where prompt plus answer would
+    not fit the window the prompt is cut further; an explicit max_length is used as given (and recorded)."""
+    assert [longbench_max_length(n) for n in (4096, 32768, 1024, 500, 64)] == [3596, 32268, 524, 500, 64]
+    model, tok = oracle
+    metrics = run_longbench(model, tok, LONGBENCH_DATA / "sample.jsonl", 64, config_dir=LONGBENCH_DATA / "config",
+                            max_length=40)
+    assert metrics["longbench/qasper/max_length"] == 40 == metrics["longbench/samsum/max_length"]
+    # The long qasper prompt (5000-word context) is cut to 40 tokens; its 6 answer tokens follow.
+    assert model.lengths[6:12] == list(range(40, 46))
+
+
+def test_check_longbench_finds_every_input_problem_before_compute(tmp_path):
+    """One line each, naming the fix: missing files or config (with LongBench's layouts), a config without a
+    task of the file, bad JSON, an empty file; good inputs pass."""
+    data, config = LONGBENCH_DATA / "sample.jsonl", LONGBENCH_DATA / "config"
+    check_longbench([data], config)
+    problems = [
+        ([tmp_path / "hotpotqa.jsonl"], config, FileNotFoundError,
+         r"hotpotqa\.jsonl does not exist: pass files from LongBench's data archive .* data/<task>\.jsonl, and "
+         r"data/<task>_e\.jsonl for LongBench-E"),
+        ([data], tmp_path / "none", FileNotFoundError,
+         r"longbench_config=.*none: no such folder; LongBench's config folder .* holds dataset2prompt\.json and "
+         r"dataset2maxlen\.json"),
+        ([data], tmp_path, FileNotFoundError, r"dataset2prompt\.json does not exist"),
+        ([write_jsonl(tmp_path / "lcc.jsonl", [record(dataset="lcc")])], config, ValueError,
+         r"lcc\.jsonl: LongBench config has no prompt and budget for task 'lcc' \(not in dataset2prompt\.json and "
+         r"dataset2maxlen\.json\)"),
+        ([write_jsonl(tmp_path / "empty.jsonl", [])], config, ValueError, r"empty\.jsonl holds no samples"),
+        ([write_jsonl(tmp_path / "bad.jsonl", ["{oops"])], config, ValueError, r"bad\.jsonl:1: not valid JSON"),
+    ]
+    for files, folder, error, message in problems:
+        with pytest.raises(error, match=message) as info:
+            check_longbench(files, folder)
+        assert "\n" not in str(info.value)
+    broken = tmp_path / "broken_config"
+    broken.mkdir()
+    (broken / "dataset2prompt.json").write_text((config / "dataset2prompt.json").read_text())
+    (broken / "dataset2maxlen.json").write_text('{"qasper": "six"}')
+    with pytest.raises(ValueError, match=r"dataset2maxlen\.json: expected a JSON object of task -> int"):
+        check_longbench([data], broken)
+    (broken / "dataset2maxlen.json").write_text("{")
+    with pytest.raises(ValueError, match=r"dataset2maxlen\.json: not valid JSON"):
+        check_longbench([data], broken)
+
+
+def test_evaluate_refuses_a_missing_longbench_file_before_building_a_model(tmp_path, tracking_overrides, capsys):
+    """The checkpoint does not exist either: a model built first would fail on it, so an error naming the LongBench
+    file shows that the inputs were checked before any model. ASSUMES ``evaluate.run`` calls ``check_longbench``
+    first thing (the lead wires it at the merge); until then this test fails."""
+    code = cli.main(["run", "evaluate", "checkpoint=/nonexistent/model", *tracking_overrides,
+                     f"longbench_files=[{tmp_path}/hotpotqa.jsonl]", f"longbench_config={LONGBENCH_DATA / 'config'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "hotpotqa.jsonl does not exist" in err and "data/<task>.jsonl" in err and "checkpoint" not in err
 
 
 # ---- synthetic long-context tasks ------------------------------------------------------------------------

@@ -115,7 +115,9 @@ class EvaluateConfig:
     Passkey: ``passkey_depths`` depths x ``passkey_keys`` keys per length (paper 001: 10 x 10), ``passkey_prompt``
     ``reference`` or ``compact`` (no task line); a length too short for the prompt is skipped with one line.
     ``longbench_files``: LongBench(-E) JSONL files, run with the prompts and budgets of the user's LongBench
-    ``longbench_config`` folder (``longbench_beams`` >= 1). ``harness_tasks``: lm-evaluation-harness tasks
+    ``longbench_config`` folder, each prompt cut in the middle to ``longbench_max_length`` tokens (0: LongBench's
+    rule, the model's window minus 500; recorded with the scores), greedy (``longbench_beams`` > 1: beam search).
+    LongBench files and config and harness task names are checked before any compute. ``harness_tasks``: lm-evaluation-harness tasks
     (``harness_include``: a folder of extra task YAMLs). Results are saved under ``out_dir`` (default
     ``mlruns/results/evaluate/<run name>-<config hash>``, beside the artifact root) before they are logged; a
     rerun after a tracking failure logs them without computing again.
@@ -144,6 +146,7 @@ class EvaluateConfig:
     longctx_samples: int = 5
     longbench_files: list[str] = field(default_factory=list)
     longbench_config: str = ""
+    longbench_max_length: int = 0
     longbench_beams: int = 1
     harness_tasks: list[str] = field(default_factory=list)
     harness_include: str = ""
@@ -169,6 +172,9 @@ class EvaluateConfig:
             check_choice("longctx_tasks", task, LONGCTX_TASKS)
         check_choice("split", self.split, SPLITS)
         check_range("longbench_beams", self.longbench_beams, 1)
+        if self.longbench_max_length == 1 or self.longbench_max_length < 0:
+            raise ValueError(f"longbench_max_length={self.longbench_max_length}: give 0 (LongBench's rule, the "
+                             f"window minus 500) or a prompt budget of at least 2 tokens")
         if self.longbench_files and not self.longbench_config:
             raise ValueError("longbench_files need longbench_config=<your LongBench config folder> (the one "
                              "holding dataset2prompt.json and dataset2maxlen.json)")

@@ -3,11 +3,15 @@
 With the cache, the prompt is run once (prefill) and each new token costs one single-position step over the
 cached keys/values; without it (``use_cache=False``, dynamic NTK, or a model that is only ids -> logits)
 every token re-runs the whole sequence. Both give the same tokens: the logits agree to float rounding.
+
+No output depends on batch mates. Rows are right-padded, which causal attention hides from every earlier
+position; but a model whose logits change with the length of the forward itself (``length_dependent``:
+dynamic NTK builds its RoPE table from it) only ever shares a forward with rows of the same length.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import nullcontext
 
 import torch
@@ -16,6 +20,36 @@ import torch
 def can_cache(model: torch.nn.Module) -> bool:
     """Whether ``model`` has a KV cache it can use (our GPT, except under dynamic NTK)."""
     return bool(getattr(model, "supports_kv_cache", False))
+
+
+def length_dependent(model: torch.nn.Module) -> bool:
+    """Whether a row's logits may change with the length of the forward that computes them, so that padding
+    it to a longer batch mate would change its result: dynamic NTK (its RoPE table follows the forward's
+    length; our GPT then has no KV cache) and any model without our KV cache (nothing is known of it)."""
+    return not can_cache(model)
+
+
+def last_logits(model: torch.nn.Module, ids: torch.Tensor, end: torch.Tensor,
+                needed: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits (B, V) of the positions ``end - 1`` (B,) of ``ids`` (B, T), by full forwards.
+
+    One forward of the longest row, unless the model is ``length_dependent``: then each group of rows with
+    the same ``end`` gets its own forward of exactly that length (as each row would alone). ``needed``: a
+    bool (B,) mask of the rows wanted; the others may get zeros (finished rows, whose next token nothing
+    reads).
+    """
+    batch = torch.arange(ids.size(0), device=ids.device)
+    if not length_dependent(model):
+        return model(ids[:, : int(end.max())])[batch, end - 1]
+    needed = torch.ones_like(end, dtype=torch.bool) if needed is None else needed
+    logits = None
+    for length in end[needed].unique().tolist():
+        group = batch[needed & (end == length)]
+        part = model(ids[group, :length])[:, -1]
+        if logits is None:
+            logits = part.new_zeros(ids.size(0), part.size(-1))
+        logits[group] = part
+    return logits
 
 
 def _stops(eos_id: int | Collection[int] | None) -> torch.Tensor:
@@ -33,17 +67,23 @@ def _suppress(logits: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def greedy_decode(model: torch.nn.Module, prompts: Sequence[list[int]], max_new_tokens: int, *,
                   vocab_size: int | None = None, eos_id: int | Collection[int] | None = None, pad_id: int = 0,
-                  device: torch.device | str = "cpu", min_new_tokens: int = 0,
-                  use_cache: bool = True) -> list[list[int]]:
+                  device: torch.device | str = "cpu", min_new_tokens: int = 0, use_cache: bool = True,
+                  stop_strings: Sequence[str] = (), decode: Callable[[list[int]], str] | None = None,
+                  ) -> list[list[int]]:
     """Greedy continuation of each prompt: ids generated, the stop id included if reached.
 
     ``model`` maps ids (B, T) to logits (B, T, V >= vocab_size); only the first ``vocab_size`` logits
     compete (the rest is litgpt's padding of the embedding table). Prompts are right-padded and each row
     reads its own last position — causal attention never lets the padding reach it, so prompts of any
-    lengths share a batch; a row stops at a stop id (``eos_id``: one id or several) or after
-    ``max_new_tokens`` tokens, and cannot stop before ``min_new_tokens``. ``use_cache``: decode with the
-    model's KV cache if it can (``can_cache``); otherwise every step is a full forward.
+    lengths share a batch (module doc for a ``length_dependent`` model); a row stops at a stop id
+    (``eos_id``: one id or several), once ``decode`` of its generated ids contains one of ``stop_strings``
+    (the tokens up to there are kept; cutting the text is the caller's), or after ``max_new_tokens``
+    tokens, and cannot stop before ``min_new_tokens``. ``use_cache``: decode with the model's KV cache if it
+    can (``can_cache``); otherwise every step is a full forward.
     """
+    stop_strings = [s for s in stop_strings if s]
+    if stop_strings and decode is None:
+        raise ValueError("stop_strings need decode (ids -> text)")
     batch = len(prompts)
     stops = _stops(eos_id).to(device)
     start = torch.tensor([len(p) for p in prompts], device=device)
@@ -60,7 +100,7 @@ def greedy_decode(model: torch.nn.Module, prompts: Sequence[list[int]], max_new_
     with context:
         for step in range(max_new_tokens):
             if not cached:
-                logits = model(ids[:, : int(end.max())])[rows, end - 1]
+                logits = last_logits(model, ids, end, ~done)
             elif step == 0:  # prefill: every prompt from position 0
                 logits = model(ids[:, :prompt_len], input_pos=torch.zeros_like(end))[rows, end - 1]
             else:  # one step: the token each row wrote last, at its position
@@ -72,6 +112,9 @@ def greedy_decode(model: torch.nn.Module, prompts: Sequence[list[int]], max_new_
             ids[rows, end] = token  # a finished row writes padding after its stop id, which nothing reads
             end += (~done).long()
             done |= torch.isin(token, stops)
+            for row in (~done).nonzero().flatten().tolist() if stop_strings else ():
+                text = decode(ids[row, int(start[row]):int(end[row])].tolist())
+                done[row] = any(s in text for s in stop_strings)
             if bool(done.all()):
                 break
     return [ids[row, s:e].tolist() for row, (s, e) in enumerate(zip(start.tolist(), end.tolist(), strict=True))]
@@ -80,7 +123,7 @@ def greedy_decode(model: torch.nn.Module, prompts: Sequence[list[int]], max_new_
 def greedy_generate(model: torch.nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                     batch_size: int, vocab_size: int | None = None, **kwargs) -> list[list[int]]:
     """``max_new_tokens`` greedy ids for each prompt, in input order, ``batch_size`` prompts per forward;
-    ``kwargs`` go to ``greedy_decode`` (``eos_id``, ``min_new_tokens``, ``use_cache``)."""
+    ``kwargs`` go to ``greedy_decode`` (``eos_id``, ``min_new_tokens``, ``use_cache``, ``stop_strings``)."""
     device = next(model.parameters()).device
     out: list[list[int]] = []
     for start in range(0, len(prompts), batch_size):

@@ -24,8 +24,8 @@ from nope_lightning.checkpoint import LoadedModel
 from nope_lightning.config import EvaluateConfig, to_dict
 from nope_lightning.data import TextTokenizer
 from nope_lightning.eval import longctx, plots, summary
-from nope_lightning.eval.harness import run_harness
-from nope_lightning.eval.longbench import run_longbench
+from nope_lightning.eval.harness import check_harness_tasks, run_harness
+from nope_lightning.eval.longbench import check_longbench, run_longbench
 from nope_lightning.eval.passkey import passkey_samples, run_passkey
 from nope_lightning.eval.perplexity import (
     Stream,
@@ -64,6 +64,10 @@ def plan_streams(cfg: EvaluateConfig, docs: dict[str, list[np.ndarray]], lengths
 
 def run(cfg: EvaluateConfig) -> dict[str, Any]:
     check_strategy(cfg.trainer)
+    if cfg.longbench_files:  # every input a later part reads, checked before the model is even built
+        check_longbench(cfg.longbench_files, cfg.longbench_config)
+    if cfg.harness_tasks:
+        check_harness_tasks(cfg.harness_tasks, cfg.harness_include or None)
     loaded = load_extended(cfg.checkpoint, cfg.extension, cfg.tracking)
     local = local_results_dir(cfg, loaded)
     if (local / "metrics.json").is_file() and not (local / "logged").is_file():
@@ -107,7 +111,8 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
     for path in cfg.longbench_files:
         if parts.todo(f"longbench:{path}"):
             metrics = run_longbench(model, tokenizer, path, model.cfg.max_positions, config_dir=cfg.longbench_config,
-                                    num_beams=cfg.longbench_beams, batch_size=cfg.batch_size)
+                                    max_length=cfg.longbench_max_length, num_beams=cfg.longbench_beams,
+                                    batch_size=cfg.batch_size)
             parts.finish(f"longbench:{path}", {"longbench": {**parts.results.get("longbench", {}), **metrics}},
                          metrics)
     if cfg.harness_tasks and parts.todo("harness"):

@@ -1,0 +1,35 @@
+"""Our MLflow experiment is marked as model training (MLflow 3's experiment kind), new or found without a kind."""
+
+from __future__ import annotations
+
+from mlflow.tracking import MlflowClient
+
+from nope_lightning import tracking
+from nope_lightning.config import TrackingConfig
+
+
+def store(tmp_path, experiment: str = "nope_lightning") -> TrackingConfig:
+    return TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "artifacts"),
+                          experiment=experiment)
+
+
+def kind(cfg: TrackingConfig, exp_id: str) -> str | None:
+    return MlflowClient(tracking_uri=cfg.uri).get_experiment(exp_id).tags.get("mlflow.experimentKind")
+
+
+def test_a_new_experiment_is_a_model_training_experiment(tmp_path):
+    cfg = store(tmp_path)
+    exp_id = tracking.experiment_id(cfg)
+    assert kind(cfg, exp_id) == "custom_model_development"
+    assert tracking.experiment_id(cfg) == exp_id
+
+
+def test_an_existing_experiment_gets_the_kind_it_lacks_and_keeps_one_it_has(tmp_path):
+    older, chosen = store(tmp_path, "older"), store(tmp_path, "chosen")
+    tracking.client(older)  # the store's schema, as our processes create it
+    mlflow_client = MlflowClient(tracking_uri=older.uri)
+    older_id = mlflow_client.create_experiment("older")  # as a store made before the kind existed
+    chosen_id = mlflow_client.create_experiment("chosen", tags={"mlflow.experimentKind": "genai_development"})
+    assert kind(older, older_id) is None
+    assert tracking.experiment_id(older) == older_id and kind(older, older_id) == "custom_model_development"
+    assert tracking.experiment_id(chosen) == chosen_id and kind(chosen, chosen_id) == "genai_development"
