@@ -83,7 +83,7 @@ def sweep_section(points: Mapping[tuple, Runs], axes: Mapping[str, str], resampl
 def _cell(interval: Interval | None) -> str:
     if interval is None:
         return "—"
-    return f"{interval.estimate:.3g} [{interval.low:.3g}, {interval.high:.3g}]"
+    return f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
 
 
 def _series(measured: dict, x_key: str, line_key: str, key: str) -> dict[str, list[tuple[float, Interval]]]:
