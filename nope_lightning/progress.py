@@ -1,4 +1,4 @@
-"""Training progress on stderr, counted in optimizer steps (``run.build_trainer`` installs it).
+"""Training progress on stderr, counted in optimizer steps (``training.trainer.build_trainer`` installs it).
 
 Our runs are step-based with one endless epoch, which Lightning's bar shows as "Epoch 0/-2 … v_num: 1120"
 on stdout. This one shows "train 150/700 [elapsed<ETA] loss=…" on stderr, so stdout keeps only the

@@ -199,13 +199,13 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    """Lightning Trainer settings (the only place they are read is ``run.build_trainer``).
+    """Lightning Trainer settings (the only place they are read is ``training.trainer.build_trainer``).
 
     ``threads=0`` picks the measured best intra-op thread count for this host (see README: on 2 cores
     one thread per process beats two). ``val_every_n_steps=0`` validates once, at the end.
 
     ``strategy``: ``fsdp`` is Lightning's FSDP1 (CUDA only); ``fsdp2`` is ``torch.distributed.fsdp.fully_shard``
-    (``run.FSDP2Strategy``: CUDA or CPU/gloo, frozen weights get no gradient, ``32-true`` or ``bf16-mixed``).
+    (``training.module.FSDP2Strategy``: CUDA or CPU/gloo, frozen weights get no gradient, ``32-true`` or ``bf16-mixed``).
     ``activation_checkpointing`` recomputes each transformer block's activations in the backward pass under
     both FSDP strategies (memory for compute; the other strategies ignore it).
     """

@@ -55,7 +55,7 @@ import torch
 from lightning.pytorch import seed_everything
 
 from nope_lightning import tracking
-from nope_lightning.checkpoint import LoadedModel, legacy_renamed, load_model
+from nope_lightning.checkpoint import LoadedModel, load_model
 from nope_lightning.config import HeadScaleConfig, OptimConfig
 from nope_lightning.data import PackedDataModule, PreparedData, prepare
 from nope_lightning.data.retrieval import recipe_mix
@@ -147,11 +147,6 @@ class HeadScaleLM(CausalLM):
         (the table, its AdamW moments, the loop state) whatever the model's size."""
         trainable = {f"model.{name}" for name in self.trainable_parameters()}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        # A run killed before the temperatures were renamed resumes its own values (the non-strict load would
-        # skip them silently).
-        checkpoint["state_dict"] = {legacy_renamed(k): v for k, v in checkpoint["state_dict"].items()}
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)

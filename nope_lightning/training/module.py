@@ -21,7 +21,7 @@ from torch.distributed._composable import checkpoint as checkpoint_activations
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from nope_lightning.checkpoint import LoadedModel
+from nope_lightning.checkpoint import LoadedModel, legacy_renamed
 from nope_lightning.config import OptimConfig, PretrainConfig
 from nope_lightning.data import PreparedData
 from nope_lightning.model import GPT
@@ -121,6 +121,11 @@ class CausalLM(LightningModule):
             self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
         else:
             self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """A run killed before the temperature tensors were renamed resumes with its own values: old names are
+        mapped to the current ones (``checkpoint.legacy_renamed``) before the state is loaded."""
+        checkpoint["state_dict"] = {legacy_renamed(k): v for k, v in checkpoint["state_dict"].items()}
 
     def trainable_parameters(self) -> dict[str, torch.nn.Parameter]:
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
