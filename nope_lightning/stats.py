@@ -44,14 +44,6 @@ class Interval:
     def half_width(self) -> float:
         return (self.high - self.low) / 2
 
-    def to_dict(self) -> dict:
-        return {"estimate": self.estimate, "low": self.low, "high": self.high, "level": self.level,
-                "per_seed": list(self.per_seed)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Interval:
-        return cls(d["estimate"], d["low"], d["high"], d.get("level", LEVEL), tuple(d.get("per_seed", ())))
-
 
 def wilson(successes: int, trials: int, level: float = LEVEL) -> Interval:
     """Wilson score interval of a proportion (Wilson 1927): well behaved at 0 and 1, unlike the normal one."""

@@ -19,7 +19,7 @@ import difflib
 import hashlib
 import itertools
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,6 @@ from nope_lightning.run import get_stage, stage_config
 REFERENCE = re.compile(r"@\{([\w-]+)(?:\.([\w/.-]+))?\}")
 #: Stages that train from scratch: a replicate gives them its seed.
 SEEDED_STAGES = ("pretrain", "synthetic")
-#: Names a reference may use besides step ids.
-RESERVED = ("seed", "matrix")
 
 
 @dataclass(frozen=True)
@@ -191,8 +189,3 @@ def pipeline_hash(cfg: PipelineConfig) -> str:
     fields = {k: v for k, v in to_dict(cfg).items()
               if k not in REPORT_ONLY and not (k in ("seeds", "matrix") and not v)}
     return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(fields)).encode()).hexdigest()[:16]
-
-
-def labels(cfg: PipelineConfig) -> Iterator[str]:
-    """The method names the steps give their runs (label, else id)."""
-    return (step.label or step.id for step in cfg.steps)

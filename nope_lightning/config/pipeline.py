@@ -69,6 +69,9 @@ class PipelineConfig:
                 raise ValueError(f"pipeline {self.name!r}: every step needs an id and a stage ({step})")
             if step.id in seen:
                 raise ValueError(f"pipeline {self.name!r}: duplicate step id {step.id!r}")
+            if step.id in ("seed", "matrix"):
+                raise ValueError(f"pipeline {self.name!r}: a step cannot be called {step.id!r}, which @{{{step.id}}} "
+                                 f"references mean (the replicate's seed, the matrix point); rename it")
             seen.add(step.id)
             for key, values in step.only.items():
                 if key not in self.matrix or not set(values) <= set(self.matrix[key]):
