@@ -12,14 +12,18 @@ from torch import nn
 
 from nope_lightning import cli
 from nope_lightning.eval.longbench import (
-    DATASET_TO_METRIC,
     LongBenchConfig,
     check_longbench,
+    load_longbench,
+    longbench_max_length,
+    run_longbench,
+    truncate_middle,
+)
+from nope_lightning.eval.longbench_metrics import (
+    DATASET_TO_METRIC,
     classification_score,
     code_sim_score,
     count_score,
-    load_longbench,
-    longbench_max_length,
     normalize_answer,
     qa_f1_score,
     qa_f1_zh_score,
@@ -27,10 +31,8 @@ from nope_lightning.eval.longbench import (
     retrieval_zh_score,
     rouge_score,
     rouge_zh_score,
-    run_longbench,
     scorer,
     scorer_e,
-    truncate_middle,
 )
 from nope_lightning.eval.longctx import (
     multikey_retrieval,

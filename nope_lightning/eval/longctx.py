@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from nope_lightning.config import EvaluateConfig
 from nope_lightning.eval.generate import greedy_generate
-from nope_lightning.eval.longbench import count_score, retrieval_score
+from nope_lightning.eval.longbench_metrics import count_score, retrieval_score
 from nope_lightning.eval.passkey import TextTokenizer, score_passkey
 
 MAX_UNIT_WORDS = 50  # caps haystack pieces so needles can land anywhere, even in text without full stops
