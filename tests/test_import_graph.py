@@ -161,3 +161,28 @@ def test_the_checks_see_circles_hidden_imports_and_late_imports(tmp_path):
     assert [(i.importer, i.target, i.line) for i in function_level(found)] == [("pkg.c", "pkg.sub", 5),
                                                                                ("pkg.c", "pkg.sub.b", 6)]
     assert ("pkg.d", "pkg.c") in {(i.importer, i.target) for i in found}
+
+
+#: Line budgets: a module past them holds two things and should be split (``stages/`` hold training logic only,
+#: so theirs is smaller).
+MODULE_LINES, STAGE_LINES = 400, 300
+
+
+def oversized(package: Path) -> list[str]:
+    """``path: lines (budget)`` for every module of ``package`` over its budget."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        budget = STAGE_LINES if path.parent.name == "stages" else MODULE_LINES
+        if (lines := len(path.read_text().splitlines())) > budget:
+            out.append(f"{path.relative_to(package.parent)}: {lines} lines (budget {budget})")
+    return out
+
+
+def test_no_module_outgrows_its_line_budget(tmp_path):
+    assert not oversized(REPO / "nope_lightning"), "modules to split:\n" + "\n".join(oversized(REPO / "nope_lightning"))
+    (tmp_path / "pkg" / "stages").mkdir(parents=True)
+    (tmp_path / "pkg" / "big.py").write_text("x = 1\n" * 401)
+    (tmp_path / "pkg" / "ok.py").write_text("x = 1\n" * 400)
+    (tmp_path / "pkg" / "stages" / "stage.py").write_text("x = 1\n" * 301)
+    assert oversized(tmp_path / "pkg") == ["pkg/big.py: 401 lines (budget 400)",
+                                           "pkg/stages/stage.py: 301 lines (budget 300)"]
