@@ -84,6 +84,10 @@ class Precondition:
     multiple: int = 1
 
 
+#: Tests whose effect is a level (the best λ, an R²), not a difference between methods.
+LEVEL_TESTS = frozenset({"best_temperature", "log_fit_r2"})
+
+
 @dataclass(frozen=True)
 class Claim:
     """One claim of paper 001 as a rule our numbers can fail.
@@ -107,6 +111,12 @@ class Claim:
     preconditions: tuple[Precondition, ...] = ()
     #: Methods that must run (0: all of them); a correlation over a family needs only some of its members.
     min_methods: int = 0
+
+    @property
+    def signed(self) -> bool:
+        """Whether the effect is a difference or a correlation (printed with its sign) rather than a level
+        such as a best λ or an R²."""
+        return self.test not in LEVEL_TESTS
 
     @property
     def rule(self) -> str:

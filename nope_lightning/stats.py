@@ -57,9 +57,15 @@ def wilson(successes: int, trials: int, level: float = LEVEL) -> Interval:
     return Interval(p, max(0.0, centre - spread), min(1.0, centre + spread), level)
 
 
-def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
-    """Mean of ``values`` (one per seed) with Student's t interval; a single value has no interval (NaN
-    bounds): the spread between seeds cannot be estimated from one seed."""
+UNIT = (0.0, 1.0)  # the range of a proportion or a 0-1 score
+
+
+def t_interval(values: Sequence[float], level: float = LEVEL,
+               bounds: tuple[float, float] = (-math.inf, math.inf)) -> Interval:
+    """Mean of ``values`` (one per seed) with Student's t interval, clipped to ``bounds`` (the range the
+    quantity can take: ``UNIT`` for accuracies, whose t interval over 3 seeds otherwise runs below 0 or past
+    1); a single value has no interval (NaN bounds): the spread between seeds cannot be estimated from one
+    seed."""
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
         raise ValueError("t_interval needs at least one value")
@@ -67,7 +73,7 @@ def t_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
     if x.size == 1:
         return Interval(mean, math.nan, math.nan, level, (mean,))
     half = scipy_stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
-    return Interval(mean, mean - half, mean + half, level, tuple(x.tolist()))
+    return Interval(mean, max(bounds[0], mean - half), min(bounds[1], mean + half), level, tuple(x.tolist()))
 
 
 Statistic = Callable[[np.ndarray], np.ndarray]

@@ -17,7 +17,7 @@ import numpy as np
 
 from nope_lightning import paper
 from nope_lightning.claims import Outcome, Runs
-from nope_lightning.stats import Interval, t_interval, wilson
+from nope_lightning.stats import UNIT, Interval, t_interval, wilson
 
 MISSING = "—"
 
@@ -44,15 +44,16 @@ def cell(interval: Interval | None, show: Callable[[float], str] = "{:.2f}".form
     return f"{show(interval.estimate)} [{show(interval.low)}, {show(interval.high)}]"
 
 
-def across(by_seed: dict, value: Callable[[dict], float | None],
-           single: Callable[[dict], Interval | None]) -> Interval | None:
-    """``value`` per seed -> mean and t interval across seeds; one seed -> ``single`` (the run's interval)."""
+def across(by_seed: dict, value: Callable[[dict], float | None], single: Callable[[dict], Interval | None],
+           bounds: tuple[float, float] = (-math.inf, math.inf)) -> Interval | None:
+    """``value`` per seed -> mean and t interval across seeds (clipped to ``bounds``); one seed -> ``single``
+    (the run's interval)."""
     values = [v for r in by_seed.values() if (v := value(r)) is not None]
     if not values:
         return None
     if len(by_seed) == 1:
         return single(next(iter(by_seed.values())))
-    return t_interval(values)
+    return t_interval(values, bounds=bounds)
 
 
 def exp_interval(interval: Interval | None) -> Interval | None:
@@ -157,7 +158,7 @@ def passkey_interval(by_seed: dict, n: int | None) -> Interval | None:
         samples = [s[3] for s in r.get("passkey", {}).get("samples", []) if n is None or s[0] == n]
         return wilson(sum(samples), len(samples)) if samples else None
 
-    return across(by_seed, value, single)
+    return across(by_seed, value, single, UNIT)
 
 
 def passkey_table(runs: Runs) -> str:
@@ -186,7 +187,7 @@ def longctx_table(runs: Runs) -> str:
         for task in tasks:
             values = [float(np.mean(list(r["longctx"][task].values()))) for r in by_seed.values()
                       if task in r.get("longctx", {})]
-            cells.append(cell(t_interval(values)) if values else MISSING)
+            cells.append(cell(t_interval(values, bounds=UNIT)) if values else MISSING)
         rows.append([method, *cells])
     return ("### Offline long-context tasks (mean score over lengths, 0-1)\n\n"
             + markdown_table(["method", *tasks], rows))
@@ -209,7 +210,7 @@ def ablation_table(runs: Runs, outcomes: Sequence[Outcome]) -> str:
                else "headscale")
         ref = paper.TABLE4[key]
         rows.append([method, cell(ppl, paper.fmt), cell(passkey_interval(by_seed, None)),
-                     cell(t_interval(longctx)) if longctx else MISSING,
+                     cell(t_interval(longctx, bounds=UNIT)) if longctx else MISSING,
                      f"{ref['pg19']} / {ref['passkey']}% / {ref['longbench']}"])
     if not rows:
         return ""
@@ -250,7 +251,11 @@ def recipe_section(pretrains: list) -> str:
     """Which pre-training recipe produced the models: every figure above depends on it."""
     if not pretrains:
         return ""
-    rows = [[run.info.run_name, *[run.data.params.get(k, MISSING) for k in RECIPE_KEYS]] for run in pretrains]
+    def param(run, key: str) -> str:  # MLflow logs an unset (None) setting as the string "None"
+        value = run.data.params.get(key, "None")
+        return MISSING if value == "None" else value
+
+    rows = [[run.info.run_name, *[param(run, k) for k in RECIPE_KEYS]] for run in pretrains]
     return ("### Pre-training recipe of the models above\n\n" + markdown_table(["run", *RECIPE_KEYS], rows)
             + "\n\nA retrieval fraction above 0 means passkey sequences were mixed into pre-training (off in "
               "the paper's recipe): passkey figures of such models measure a skill the model was taught inside "
@@ -265,8 +270,9 @@ def claims_table(outcomes: Sequence[Outcome]) -> str:
         if o.interval is None:
             ours, side = f"{o.verdict}: {o.reason}", MISSING
         else:
-            per_seed = " / ".join(f"{e:+.3f}" for e in o.interval.per_seed)
-            ours = f"{o.interval.estimate:+.3f} [{o.interval.low:+.3f}, {o.interval.high:+.3f}] {o.claim.unit}"
+            show = ("{:+.3f}" if o.claim.signed else "{:.3f}").format
+            per_seed = " / ".join(map(show, o.interval.per_seed))
+            ours = f"{show(o.interval.estimate)} [{show(o.interval.low)}, {show(o.interval.high)}] {o.claim.unit}"
             ours += f" (per seed: {per_seed})" if len(o.interval.per_seed) > 1 else ""
             side = f"{o.on_side} of {len(o.interval.per_seed)}"
         rows.append([o.claim.text, o.claim.rule, o.claim.paper, ours, side, f"**{o.verdict}**"])

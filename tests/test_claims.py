@@ -12,6 +12,7 @@ import pytest
 from nope_lightning.claims import evaluate_claim, verdict
 from nope_lightning.paper import CLAIMS_BY_ID, Claim
 from nope_lightning.stats import Interval
+from nope_lightning.tables import claims_table
 
 L, S, WINDOWS = 128, 64, 400
 RESAMPLES = 500
@@ -199,3 +200,13 @@ def test_missing_runs_are_not_measured_not_a_verdict():
 def test_verdict_table(side, interval, expected):
     claim = Claim("c", "", "", "log_ppl_difference", ("a", "b"), (1, 1), 0.1, side)
     assert verdict(claim, interval) == expected
+
+
+def test_the_claims_table_signs_differences_but_not_levels():
+    above = CLAIMS_BY_ID["best_temperature_above_one"]
+    level = evaluate_claim(above, {"search_nope": {s: search_summary({2: 1.2, 8: 1.6}) for s in (1, 2)}}, RESAMPLES)
+    difference = evaluate_claim(HURTS, hurt_runs(0.05), RESAMPLES)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in claims_table([level, difference]).splitlines()}
+    assert "1.200 [" in rows[above.text] and "+1.200" not in rows[above.text]
+    assert f"{difference.interval.estimate:+.3f} [" in rows[HURTS.text]
+    assert difference.interval.estimate > 0

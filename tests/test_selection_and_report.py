@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,7 +15,15 @@ from nope_lightning.eval.summary import octaves
 from nope_lightning.paper import CLAIMS_BY_ID
 from nope_lightning.stages.scale_search import trial_config
 from nope_lightning.stats import t_interval, wilson
-from nope_lightning.tables import ablation_table, passkey_table, ppl_tables, search_section
+from nope_lightning.tables import (
+    MISSING,
+    RECIPE_KEYS,
+    ablation_table,
+    passkey_table,
+    ppl_tables,
+    recipe_section,
+    search_section,
+)
 
 
 def test_the_default_grid_reaches_below_one_and_must_contain_it():
@@ -113,3 +122,14 @@ def test_the_html_report_embeds_its_images_and_renders_tables(tmp_path):
     encoded = re.search(r'src="data:image/png;base64,([^"]+)"', page).group(1)
     assert base64.b64decode(encoded) == (tmp_path / "curve.png").read_bytes()  # embedded, not linked
     assert 'src="curve.png"' not in page
+
+
+def test_the_recipe_table_shows_an_unset_setting_as_not_set():
+    # MLflow stores params as strings: tokens_per_parameter=None (the budget given by max_steps) arrives as "None".
+    params = {"model.pos_encoding": "nope", "trainer.max_steps": "2750", "tokens_per_parameter": "None"}
+    run = SimpleNamespace(info=SimpleNamespace(run_name="pretrain-nope"), data=SimpleNamespace(params=params))
+    (row,) = [line for line in recipe_section([run]).splitlines() if line.startswith("| pretrain-nope")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1 + RECIPE_KEYS.index("tokens_per_parameter")] == MISSING
+    assert cells[1 + RECIPE_KEYS.index("trainer.max_steps")] == "2750"
+    assert cells[1 + RECIPE_KEYS.index("seed")] == MISSING and "None" not in row

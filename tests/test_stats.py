@@ -11,6 +11,7 @@ from scipy import stats as scipy_stats
 
 from nope_lightning.stats import (
     MIN_RESAMPLES,
+    UNIT,
     blocks,
     bootstrap,
     per_seed_bootstrap,
@@ -66,6 +67,18 @@ def test_t_interval_matches_scipy_and_one_seed_has_no_interval():
     assert interval.per_seed == tuple(values)
     single = t_interval([3.5])
     assert single.estimate == 3.5 and math.isnan(single.low) and math.isnan(single.high)
+
+
+def test_an_accuracy_interval_stays_inside_zero_and_one():
+    # Passkey accuracies of three seeds (the small study's NoPE at 2x): the raw t interval runs past both ends.
+    values = [0.85, 0.80, 0.20]
+    low, high = scipy_stats.t.interval(0.95, 2, loc=np.mean(values), scale=scipy_stats.sem(values))
+    assert low < 0 and high > 1
+    clipped = t_interval(values, bounds=UNIT)
+    assert (clipped.estimate, clipped.low, clipped.high) == pytest.approx((np.mean(values), 0.0, 1.0))
+    inside = t_interval([0.50, 0.52, 0.54], bounds=UNIT)
+    expected = scipy_stats.t.interval(0.95, 2, loc=0.52, scale=scipy_stats.sem([0.50, 0.52, 0.54]))
+    assert (inside.low, inside.high) == pytest.approx(expected)
 
 
 def test_blocks_never_span_two_documents():
