@@ -10,7 +10,10 @@ effect is the mean of the per-seed effects and its interval comes from resamplin
 Verdicts (``verdict``): *untestable* when a precondition fails (the claim means nothing here); *reproduced*
 when the pooled interval lies on the claim's side of its threshold and so does every seed's own estimate;
 *not reproduced* when the pooled interval lies wholly on the other side (the interval excludes the effect);
-*inconclusive* otherwise; *not measured* when the runs it needs are missing.
+*inconclusive* otherwise; *not measured* when the runs it needs are missing. When the pooled estimate lies
+outside its own bootstrap interval (a biased bootstrap of a non-smooth statistic: ``Interval.covers_estimate``),
+the verdict uses the interval widened to include the estimate, which can only move a verdict toward
+*inconclusive*; the tables mark such an interval.
 """
 
 from __future__ import annotations
@@ -285,8 +288,10 @@ def on_side(claim: Claim, value: float) -> bool:
 
 
 def verdict(claim: Claim, interval: Interval) -> str:
-    """reproduced / not reproduced / inconclusive from the pooled interval and the per-seed estimates."""
-    low, high, t = interval.low, interval.high, claim.threshold
+    """reproduced / not reproduced / inconclusive from the pooled interval (widened to include its estimate:
+    ``Interval.hull``) and the per-seed estimates."""
+    hull = interval.hull()
+    low, high, t = hull.low, hull.high, claim.threshold
     if math.isnan(low) or math.isnan(high):
         return "inconclusive"
     if claim.side == "within":

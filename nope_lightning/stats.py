@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import stats as scipy_stats
@@ -44,6 +44,22 @@ class Interval:
     def half_width(self) -> float:
         return (self.high - self.low) / 2
 
+    @property
+    def covers_estimate(self) -> bool:
+        """Whether the point estimate lies inside its own interval (True without an interval). A percentile
+        bootstrap of a non-smooth statistic (an R^2 of per-position argmax fits, a rank correlation) can be
+        biased so far that the full-data value falls outside the resampled range. Bias correction does not
+        repair that case: Efron's BC interval contains the estimate only when |z0| < 1.96, i.e. only when the
+        percentile interval already does."""
+        return math.isnan(self.low) or math.isnan(self.high) or self.low <= self.estimate <= self.high
+
+    def hull(self) -> Interval:
+        """The interval widened to include its estimate: a conservative interval for verdicts when the
+        bootstrap is biased (``covers_estimate`` False); the interval itself otherwise."""
+        if self.covers_estimate:
+            return self
+        return replace(self, low=min(self.low, self.estimate), high=max(self.high, self.estimate))
+
 
 def wilson(successes: int, trials: int, level: float = LEVEL) -> Interval:
     """Wilson score interval of a proportion (Wilson 1927): well behaved at 0 and 1, unlike the normal one."""
@@ -54,7 +70,8 @@ def wilson(successes: int, trials: int, level: float = LEVEL) -> Interval:
     denominator = 1 + z * z / trials
     centre = (p + z * z / (2 * trials)) / denominator
     spread = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
-    return Interval(p, max(0.0, centre - spread), min(1.0, centre + spread), level)
+    # the interval contains p exactly; the guard keeps rounding at p = 0 or 1 from putting a bound past p
+    return Interval(p, max(0.0, min(p, centre - spread)), min(1.0, max(p, centre + spread)), level)
 
 
 UNIT = (0.0, 1.0)  # the range of a proportion or a 0-1 score

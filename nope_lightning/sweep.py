@@ -17,6 +17,7 @@ from nope_lightning.claims import NotMeasured, Runs, measure
 from nope_lightning.eval import plots
 from nope_lightning.paper import Claim
 from nope_lightning.stats import Interval
+from nope_lightning.tables import cell, markdown_table
 
 #: What each point reports: (key, label, test, methods, multiples, exponentiate). The methods are the sweep
 #: file's step labels.
@@ -69,21 +70,15 @@ def sweep_section(points: Mapping[tuple, Runs], axes: Mapping[str, str], resampl
         where = dict(point)
         seeds = max((len(s) for s in points[point].values()), default=0)
         rows.append([where[line_key], where[x_key], seeds,
-                     *[_cell(values.get(k)) for k, *_ in keys]])
+                     *[cell(values.get(k), "{:.3f}".format) for k, *_ in keys]])
     header = [line_key, x_key, "seeds", *[label for _, label, *_ in keys]]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     slopes = [_slope_line(measured, x_key, line_key, key) for key in PLOTTED]
     text = (f"### Sweep over `{x_key}`, one line per `{line_key}`\n\nPooled over seeds (mean of per-seed effects, 95 % bootstrap "
             f"interval over blocks of windows, paired across lengths on the same target tokens).\n\n"
-            + "\n".join(lines) + "\n\n" + "\n".join(s for s in slopes if s))
+            + markdown_table(header, rows) + "\n\n" + "\n".join(s for s in slopes if s))
     return text, _figure(measured, x_key, line_key)
 
 
-def _cell(interval: Interval | None) -> str:
-    if interval is None:
-        return "—"
-    return f"{interval.estimate:.3f} [{interval.low:.3f}, {interval.high:.3f}]"
 
 
 def _series(measured: dict, x_key: str, line_key: str, key: str) -> dict[str, list[tuple[float, Interval]]]:

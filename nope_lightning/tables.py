@@ -22,9 +22,19 @@ from nope_lightning.stats import UNIT, Interval, t_interval, wilson
 MISSING = "—"
 
 
+#: Marks an interval that does not contain its own estimate (``Interval.covers_estimate``).
+BIASED = "†"
+BIASED_NOTE = (f"{BIASED} The estimate lies outside its bootstrap interval: resampling biases this statistic (a "
+               "non-smooth one, such as an R^2 of per-position best-lambda fits), so the interval shows the spread, "
+               "not where the value lies; verdicts use the interval widened to include the estimate.")
+
+
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    """A markdown table; a footnote follows it when a cell carries the ``BIASED`` mark."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    if any(BIASED in str(c) for row in rows for c in row):
+        lines += ["", BIASED_NOTE]
     return "\n".join(lines)
 
 
@@ -37,11 +47,13 @@ def seed_note(runs: Runs) -> str:
 
 
 def cell(interval: Interval | None, show: Callable[[float], str] = "{:.2f}".format) -> str:
+    """'estimate [low, high]', marked ``BIASED`` when the interval misses its estimate; '—' when missing."""
     if interval is None or math.isnan(interval.estimate):
         return MISSING
     if math.isnan(interval.low) or math.isnan(interval.high):
         return show(interval.estimate)
-    return f"{show(interval.estimate)} [{show(interval.low)}, {show(interval.high)}]"
+    mark = "" if interval.covers_estimate else BIASED
+    return f"{show(interval.estimate)} [{show(interval.low)}, {show(interval.high)}]{mark}"
 
 
 def across(by_seed: dict, value: Callable[[dict], float | None], single: Callable[[dict], Interval | None],
@@ -272,7 +284,7 @@ def claims_table(outcomes: Sequence[Outcome]) -> str:
         else:
             show = ("{:+.3f}" if o.claim.signed else "{:.3f}").format
             per_seed = " / ".join(map(show, o.interval.per_seed))
-            ours = f"{show(o.interval.estimate)} [{show(o.interval.low)}, {show(o.interval.high)}] {o.claim.unit}"
+            ours = f"{cell(o.interval, show)} {o.claim.unit}"
             ours += f" (per seed: {per_seed})" if len(o.interval.per_seed) > 1 else ""
             side = f"{o.on_side} of {len(o.interval.per_seed)}"
         rows.append([o.claim.text, o.claim.rule, o.claim.paper, ours, side, f"**{o.verdict}**"])

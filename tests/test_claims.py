@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from nope_lightning.claims import evaluate_claim, verdict
+from nope_lightning.claims import Outcome, evaluate_claim, verdict
 from nope_lightning.paper import CLAIMS_BY_ID, Claim
 from nope_lightning.stats import Interval
-from nope_lightning.tables import claims_table
+from nope_lightning.tables import BIASED, BIASED_NOTE, claims_table
 
 L, S, WINDOWS = 128, 64, 400
 RESAMPLES = 500
@@ -196,6 +196,10 @@ def test_missing_runs_are_not_measured_not_a_verdict():
     ("within", Interval(0.01, -0.05, 0.06, per_seed=(0.01,)), "reproduced"),
     ("within", Interval(0.3, 0.2, 0.4, per_seed=(0.3,)), "not reproduced"),
     ("above", Interval(0.5, math.nan, math.nan, per_seed=(0.5,)), "inconclusive"),
+    # a biased bootstrap: the interval excludes the effect but misses its own estimate, which is on the
+    # claim's side -> the widened interval straddles the threshold
+    ("above", Interval(0.12, -0.3, 0.05, per_seed=(0.12, 0.12)), "inconclusive"),
+    ("above", Interval(-0.2, -0.1, 0.05, per_seed=(-0.2,)), "not reproduced"),
 ])
 def test_verdict_table(side, interval, expected):
     claim = Claim("c", "", "", "log_ppl_difference", ("a", "b"), (1, 1), 0.1, side)
@@ -210,3 +214,12 @@ def test_the_claims_table_signs_differences_but_not_levels():
     assert "1.200 [" in rows[above.text] and "+1.200" not in rows[above.text]
     assert f"{difference.interval.estimate:+.3f} [" in rows[HURTS.text]
     assert difference.interval.estimate > 0
+
+
+def test_an_interval_that_misses_its_estimate_is_marked_and_explained():
+    biased = Outcome(HURTS, verdict(HURTS, Interval(-0.66, -0.59, -0.12, per_seed=(-0.2, -1.2, -0.6))),
+                     Interval(-0.66, -0.59, -0.12, per_seed=(-0.2, -1.2, -0.6)), (1, 2, 3))
+    table = claims_table([biased])
+    assert "-0.660 [-0.590, -0.120]" + BIASED in table and BIASED_NOTE in table
+    fine = evaluate_claim(HURTS, hurt_runs(0.05), RESAMPLES)
+    assert BIASED not in claims_table([fine])

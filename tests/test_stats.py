@@ -12,6 +12,7 @@ from scipy import stats as scipy_stats
 from nope_lightning.stats import (
     MIN_RESAMPLES,
     UNIT,
+    Interval,
     blocks,
     bootstrap,
     per_seed_bootstrap,
@@ -111,3 +112,20 @@ def test_pooled_bootstrap_averages_seeds_and_keeps_each_estimate():
 def test_bootstrap_refuses_too_few_resamples():
     with pytest.raises(ValueError, match=f">= {MIN_RESAMPLES}"):
         bootstrap([np.ones((3, 2))], ratio, resamples=MIN_RESAMPLES - 1)
+
+
+def test_an_interval_widens_to_its_estimate_only_when_it_misses_it():
+    inside = Interval(0.5, 0.2, 0.8)
+    assert inside.covers_estimate and inside.hull() is inside
+    below = Interval(-0.66, -0.59, -0.12, per_seed=(-0.2, -1.2))
+    assert not below.covers_estimate
+    assert (below.hull().low, below.hull().high, below.hull().per_seed) == (-0.66, -0.12, (-0.2, -1.2))
+    above = Interval(0.9, 0.2, 0.8).hull()
+    assert (above.low, above.high) == (0.2, 0.9)
+    assert Interval(0.5, math.nan, math.nan).covers_estimate
+
+
+@pytest.mark.parametrize("trials", [7, 100, 1000])
+def test_wilson_contains_its_proportion_at_zero_and_one(trials):
+    for successes in (0, trials):
+        assert wilson(successes, trials).covers_estimate
