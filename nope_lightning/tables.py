@@ -254,7 +254,7 @@ def search_section(method: str, by_seed: dict) -> str:
             + "\n\nPaper: a = 0.301, R^2 = 0.995 at 10K steps; a = 0.397, R^2 = 0.977 at 50K steps.")
 
 
-RECIPE_KEYS = ("model.pos_encoding", "model.n_layer", "model.n_embd", "data.corpus", "train_len", "batch_size",
+RECIPE_KEYS = ("model.pos_encoding", "model.ssmax", "model.n_layer", "model.n_embd", "data.corpus", "train_len", "batch_size",
                "trainer.devices", "trainer.max_steps", "tokens_per_parameter", "optim.lr", "optim.min_lr_ratio",
                "retrieval.fraction", "retrieval.length", "seed")
 

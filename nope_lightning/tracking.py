@@ -265,6 +265,16 @@ def log_json(cfg: TrackingConfig, run_id: str, obj: Any, artifact_file: str) -> 
     log_text(cfg, run_id, json.dumps(obj, indent=1, default=str), artifact_file)
 
 
+def step_records(cfg: TrackingConfig, pipeline_run: str) -> dict[str, dict]:
+    """``instance id -> record`` of the steps a pipeline run finished (its ``steps/<id>.json`` artifacts: id,
+    stage, seed, config hash and the step's result, whose ``run_id`` names the run the step trained or used)."""
+    records = {}
+    for artifact in client(cfg).list_artifacts(pipeline_run, "steps"):
+        record = json.loads(download(cfg, pipeline_run, artifact.path).read_text())
+        records[record["id"]] = record
+    return records
+
+
 def log_metrics(cfg: TrackingConfig, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
     import time
 

@@ -196,3 +196,27 @@ def test_two_seeds_give_per_seed_runs_and_a_report_pooled_with_intervals(two_see
     claims = report.split("### Paper 001's claims, tested")[1].split("###")[0]
     assert claims.count(" of 2 |") == 4  # every claim says on how many of the 2 seeds it holds
     assert "(per seed: " in claims
+
+
+def test_a_report_shows_the_runs_its_steps_reused_from_another_pipeline(two_seeds, data_cache, tmp_path):
+    """A second pipeline that finds seed 5's finished model by name starts no pretrain child of its own; its report
+    still lists that model's recipe (the run comes from the pipeline's step records)."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    root, _ = two_seeds
+    tiny = yaml.safe_load(Path(PIPELINE).read_text())
+    steps = [s for s in tiny["steps"] if s["id"] in ("pretrain_nope", "eval_nope")]
+    path = tmp_path / "reuse.yaml"
+    path.write_text(yaml.safe_dump({"name": "reuse", "steps": steps}))
+    os.chdir(root)
+    try:
+        result = run_stage("pipeline", stage_config("pipeline", str(path), [*store(root, data_cache), "seeds=[5]"]))
+    finally:
+        os.chdir(REPO)
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    exp = client.get_run(result["run_id"]).info.experiment_id
+    children = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{result['run_id']}'")
+    assert {r.data.tags.get("stage") for r in children} == {"evaluate"}  # the model was reused, not retrained
+    recipe = Path(result["report"]).read_text().split("### Pre-training recipe of the models above")[1]
+    assert "| nope-tiny[seed=5] | nope | False | 2 | 64 |" in recipe

@@ -50,16 +50,6 @@ def find_parent(cfg: PipelineConfig, run_hash: str) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
-def finished_steps(cfg: PipelineConfig, parent: str) -> dict[str, dict]:
-    """``instance id -> {"hash", "result"}`` of the instances the parent run has recorded as finished."""
-    client = tracking.client(cfg.tracking)
-    done = {}
-    for artifact in client.list_artifacts(parent, "steps"):
-        record = json.loads(tracking.download(cfg.tracking, parent, artifact.path).read_text())
-        done[record["id"]] = record
-    return done
-
-
 def run(cfg: PipelineConfig) -> dict[str, Any]:
     if cfg.dry_run:
         return plan.plan(cfg)
@@ -72,7 +62,7 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
         tracking.client(cfg.tracking).set_tag(parent, "pipeline_hash", run_hash)
     else:
         tracking.claim_run(cfg.tracking, parent)
-    done = finished_steps(cfg, parent)
+    done = tracking.step_records(cfg.tracking, parent)
     results: dict[str, dict] = {}
     start = time.perf_counter()
     for number, instance in enumerate(instances, 1):

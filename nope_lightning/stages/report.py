@@ -30,12 +30,19 @@ from nope_lightning.paper import CLAIMS_BY_ID
 from nope_lightning.stats import t_interval
 
 
-def child_runs(cfg: ReportConfig) -> list:
-    """Direct children of the pipeline run, oldest first."""
+def pipeline_runs(cfg: ReportConfig) -> list:
+    """The runs behind the pipeline's figures, oldest first: its direct children, and the runs its steps reused
+    without starting a child (a finished model or HeadScale found by name, trained by an earlier pipeline such
+    as ``small`` for ``small_temperature``), read from the pipeline's step records."""
     client = tracking.client(cfg.tracking)
     parent = client.get_run(cfg.run)
-    return client.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{cfg.run}'",
+    runs = client.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{cfg.run}'",
                               order_by=["attributes.start_time ASC"], max_results=5000)
+    known = {run.info.run_id for run in runs}
+    reused = {record["result"]["run_id"] for record in tracking.step_records(cfg.tracking, cfg.run).values()
+              if record["result"].get("run_id")} - known
+    return sorted([*runs, *(client.get_run(run_id) for run_id in sorted(reused))],
+                  key=lambda run: run.info.start_time)
 
 
 def _artifact_json(cfg: ReportConfig, run_id: str, path: str) -> dict | None:
@@ -65,7 +72,7 @@ def gather(cfg: ReportConfig, out: Path, matrix_keys: list[str]) -> tuple[dict, 
     evals: dict = defaultdict(lambda: defaultdict(dict))
     searches: dict = defaultdict(lambda: defaultdict(dict))
     pretrains, first_seed = [], None
-    for run in child_runs(cfg):
+    for run in pipeline_runs(cfg):
         tags = run.data.tags
         stage, method = tags.get("stage"), tags.get("method", run.info.run_name)
         seed = int(tags["seed"]) if "seed" in tags else None
