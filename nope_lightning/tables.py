@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from nope_lightning import paper
-from nope_lightning.claims import Outcome, Runs
+from nope_lightning.claims import NotMeasured, Outcome, Runs, measure
+from nope_lightning.paper import Claim
 from nope_lightning.stats import UNIT, Interval, t_interval, wilson
 
 MISSING = "—"
@@ -111,6 +112,41 @@ def ppl_tables(runs: Runs) -> str:
                    f"every length scored on the same target tokens; {seed_note(runs)}; paper column: {name}, "
                    f"TinyLlama-1.1B at 2K)\n\n" + markdown_table(header, rows))
     return "\n\n".join(out)
+
+
+def paired_table(runs: Runs, resamples: int, reference: str = "nope") -> str:
+    """Every method against ``reference`` on the same windows and prompts: per seed the paired difference
+    (log-PPL at each evaluation length, passkey accuracy at each passkey length), pooled as the mean over seeds
+    with its 95 % bootstrap interval (``claims.measure``), and on how many seeds the method does better (lower
+    log-PPL, higher accuracy). Across-seed t intervals of each method's own figures (the tables above) are
+    unpaired; these differences cancel the seed's model and the text, which is what a comparison needs."""
+    if reference not in runs:
+        return ""
+    first = next(iter(runs[reference].values()))
+    L = first["train_len"]
+    columns = [("log_ppl_difference", (n // L, n // L), f"Δ log-PPL {n // L:g}x", -1)
+               for n in first.get("lengths", []) if n % L == 0]
+    columns += [("passkey_difference", (m,), f"Δ passkey {m:g}x", 1)
+                for m in sorted({s[0] // L for s in first.get("passkey", {}).get("samples", [])})]
+    rows = []
+    for method in runs:
+        cells = []
+        for test, multiples, _, better in columns if method != reference else ():
+            try:
+                interval, _ = measure(test, Claim(method, "", "", test, (method, reference), multiples), runs,
+                                      resamples)
+            except NotMeasured:
+                cells.append(MISSING)
+                continue
+            wins = sum(better * e > 0 for e in interval.per_seed)
+            cells.append(f"{cell(interval, '{:+.3f}'.format)} ({wins}/{len(interval.per_seed)})")
+        if any(c != MISSING for c in cells):
+            rows.append([method, *cells])
+    if not rows:
+        return ""
+    return (f"### Paired against `{reference}` (same windows, same prompts; mean of per-seed differences, [95 % "
+            f"bootstrap interval], (seeds where the method does better: lower log-PPL, higher passkey accuracy))"
+            f"\n\n" + markdown_table(["method", *[label for _, _, label, _ in columns]], rows))
 
 
 def octave_interval(by_seed: dict, index: int) -> Interval | None:

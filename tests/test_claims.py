@@ -12,7 +12,7 @@ import pytest
 from nope_lightning.claims import Outcome, evaluate_claim, verdict
 from nope_lightning.paper import CLAIMS_BY_ID, Claim
 from nope_lightning.stats import Interval
-from nope_lightning.tables import BIASED, BIASED_NOTE, claims_table
+from nope_lightning.tables import BIASED, BIASED_NOTE, claims_table, paired_table
 
 L, S, WINDOWS = 128, 64, 400
 RESAMPLES = 500
@@ -223,3 +223,30 @@ def test_an_interval_that_misses_its_estimate_is_marked_and_explained():
     assert "-0.660 [-0.590, -0.120]" + BIASED in table and BIASED_NOTE in table
     fine = evaluate_claim(HURTS, hurt_runs(0.05), RESAMPLES)
     assert BIASED not in claims_table([fine])
+
+
+def test_the_paired_table_compares_every_method_with_nope_on_the_same_windows_and_prompts():
+    runs: dict = {"nope": {}, "scaled": {}, "two seeds only": {}}
+    for s in (1, 2, 3):
+        nope = base_nll(s)
+        keys = {1: [True] * 8 + [False] * 2, 2: [False] * 10}
+        runs["nope"][s] = {**evaluation({1: nope, 2: nope + 0.3}, keys), "lengths": [L, 2 * L]}
+        runs["scaled"][s] = {**evaluation({1: nope, 2: nope + 0.1 + noise(s, 0.05)},
+                                          {1: keys[1], 2: [True] * 5 + [False] * 5}), "lengths": [L, 2 * L]}
+        if s < 3:
+            runs["two seeds only"][s] = {**evaluation({1: nope + 0.05, 2: nope + 0.3}), "lengths": [L, 2 * L]}
+    table = paired_table(runs, RESAMPLES)
+    header, _, *rows = [line for line in table.splitlines() if line.startswith("|")]
+    assert header == "| method | Δ log-PPL 1x | Δ log-PPL 2x | Δ passkey 1x | Δ passkey 2x |"
+    cells = {row.split(" | ")[0].lstrip("| "): row.rstrip(" |").split(" | ")[1:] for row in rows}
+    assert set(cells) == {"scaled", "two seeds only"}  # the reference has no row of its own
+    # the pooled estimate is the mean over seeds of the per-token NLL difference, computed directly here
+    direct = np.mean([np.mean(0.1 + noise(s, 0.05) - 0.3) for s in (1, 2, 3)])
+    assert cells["scaled"][0] == "+0.000 [+0.000, +0.000] (0/3)"
+    assert cells["scaled"][1].startswith(f"{direct:+.3f} [") and cells["scaled"][1].endswith("(3/3)")
+    assert cells["scaled"][2] == "+0.000 [+0.000, +0.000] (0/3)"
+    assert cells["scaled"][3].startswith("+0.500 [") and cells["scaled"][3].endswith("(3/3)")
+    low, high = map(float, cells["scaled"][3].split("[")[1].split("]")[0].split(", "))
+    assert 0.1 < low < 0.5 < high < 0.9
+    assert cells["two seeds only"][:2] == ["+0.050 [+0.050, +0.050] (0/2)", "+0.000 [+0.000, +0.000] (0/2)"]
+    assert cells["two seeds only"][2:] == ["—", "—"]  # it ran no passkey

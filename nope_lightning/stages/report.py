@@ -90,11 +90,11 @@ def gather(cfg: ReportConfig, out: Path, matrix_keys: list[str]) -> tuple[dict, 
     return evals, searches, pretrains
 
 
-def point_sections(evals: dict, searches: dict, outcomes: list) -> tuple[list[str], dict[str, Any]]:
+def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int) -> tuple[list[str], dict[str, Any]]:
     """The tables and figures of one matrix point."""
     sections = [tables.claims_table(outcomes) if outcomes else "", tables.ppl_tables(evals) if evals else "",
                 tables.bucket_table(evals), tables.ablation_table(evals, outcomes), tables.passkey_table(evals),
-                tables.longctx_table(evals),
+                tables.longctx_table(evals), tables.paired_table(evals, resamples),
                 *(tables.search_section(method, by_seed) for method, by_seed in searches.items())]
     figures: dict[str, Any] = {}
     for by_seed in searches.values():
@@ -126,7 +126,8 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     else:
         for point in points:
             outcomes = [claims.evaluate_claim(CLAIMS_BY_ID[c], runs_by_point[point], resamples) for c in claim_ids]
-            point_text, point_figures = point_sections(evals.get(point, {}), searches.get(point, {}), outcomes)
+            point_text, point_figures = point_sections(evals.get(point, {}), searches.get(point, {}), outcomes,
+                                                       resamples)
             if point:
                 sections.append(f"## Matrix point {', '.join(f'{k} = {v}' for k, v in point)}")
                 point_figures = {f"{_slug(point)}-{n}": f for n, f in point_figures.items()}
