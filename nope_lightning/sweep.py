@@ -79,8 +79,6 @@ def sweep_section(points: Mapping[tuple, Runs], axes: Mapping[str, str], resampl
     return text, _figure(measured, x_key, line_key)
 
 
-
-
 def _series(measured: dict, x_key: str, line_key: str, key: str) -> dict[str, list[tuple[float, Interval]]]:
     series: dict[str, list[tuple[float, Interval]]] = {}
     for point, values in measured.items():

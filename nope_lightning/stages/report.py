@@ -90,7 +90,8 @@ def gather(cfg: ReportConfig, out: Path, matrix_keys: list[str]) -> tuple[dict, 
     return evals, searches, pretrains
 
 
-def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int) -> tuple[list[str], dict[str, Any]]:
+def point_sections(evals: dict, searches: dict, outcomes: list,
+                   resamples: int) -> tuple[list[str], dict[str, Any]]:
     """The tables and figures of one matrix point."""
     sections = [tables.claims_table(outcomes) if outcomes else "", tables.ppl_tables(evals) if evals else "",
                 tables.bucket_table(evals), tables.ablation_table(evals, outcomes), tables.passkey_table(evals),
