@@ -26,11 +26,13 @@ import numpy as np
 
 from nope_lightning.eval.summary import block_size
 from nope_lightning.paper import Claim, Precondition
+from nope_lightning.results import EvaluationResult, ScaleSearchResult
 from nope_lightning.search import best_on_grid, position_fit_units
 from nope_lightning.stats import Interval, blocks, per_seed_bootstrap, spearman
 
-#: method -> seed (None without seeds) -> that run's results (``results.json`` / ``scale_search.json``)
-Runs = Mapping[str, Mapping[int | None, dict]]
+#: method -> seed (None without seeds) -> that run's result (an evaluation or a scale-search)
+Result = EvaluationResult | ScaleSearchResult
+Runs = Mapping[str, Mapping[int | None, Result]]
 Statistic = Callable[[np.ndarray], np.ndarray]
 
 
@@ -68,7 +70,7 @@ class Outcome:
 # --- what each test reads from a run ---------------------------------------------------------------------
 
 
-def _result(runs: Runs, method: str, seed: int | None) -> dict:
+def _result(runs: Runs, method: str, seed: int | None) -> Result:
     try:
         return runs[method][seed]
     except KeyError:
@@ -85,16 +87,16 @@ def _common_seeds(runs: Runs, methods: tuple[str, ...]) -> tuple[int | None, ...
     return tuple(seeds)
 
 
-def ppl_windows(result: dict, multiple: int) -> tuple[np.ndarray, list, list]:
+def ppl_windows(result: EvaluationResult, multiple: int) -> tuple[np.ndarray, list, list]:
     """``(rows (windows, 2), docs, ends)``: a run's per-window NLL sums and counts at ``multiple`` x L."""
-    corpus, n = result["corpora"][0], str(multiple * result["train_len"])
-    windows = result.get("windows", {}).get(corpus, {})
-    if n not in windows:
-        raise NotMeasured(f"no perplexity at {n} tokens in setting {result.get('setting')!r}")
-    return np.asarray(windows[n], dtype=np.float64), windows["doc"], windows["end"]
+    n = multiple * result.train_len
+    windows = (result.windows or {}).get(result.corpora[0])
+    if windows is None or n not in windows.rows:
+        raise NotMeasured(f"no perplexity at {n} tokens in setting {result.setting!r}")
+    return np.asarray(windows.rows[n], dtype=np.float64), windows.doc, windows.end
 
 
-def ppl_units(pairs: list[tuple[dict, int]]) -> np.ndarray:
+def ppl_units(pairs: list[tuple[EvaluationResult, int]]) -> np.ndarray:
     """Blocks of windows with the (NLL sum, count) columns of every ``(run, multiple)``, side by side; the runs
     must have scored the same windows (else the comparison would not be paired)."""
     columns, docs, ends = [], None, None
@@ -107,16 +109,15 @@ def ppl_units(pairs: list[tuple[dict, int]]) -> np.ndarray:
     return blocks(np.concatenate(columns, axis=1), np.asarray(docs), block_size(len(docs)))
 
 
-def position_units(result: dict, ranges: list[tuple[int, int]], kind: str = "logppl") -> np.ndarray:
+def position_units(result: EvaluationResult, ranges: list[tuple[int, int]], kind: str = "logppl") -> np.ndarray:
     """Per position window, the (sum, token count) of the per-position ``kind`` (``logppl`` or ``entropy``)
     over each position range ``[a, b)`` (multiples of L), side by side: (windows, 2 * len(ranges))."""
-    position = result.get("position")
-    if position is None or (kind == "entropy" and "octave_entropy" not in position):
-        raise NotMeasured(f"no per-position {kind} in setting {result.get('setting')!r}")
-    L = result["train_len"]
-    octaves = [tuple(o) for o in position["octaves"]]
-    table = np.asarray(position["octave_entropy"]["windows"] if kind == "entropy"
-                       else position["octave_logppl"][result["corpora"][0]]["windows"])
+    position = result.position
+    if position is None or (kind == "entropy" and position.octave_entropy is None):
+        raise NotMeasured(f"no per-position {kind} in setting {result.setting!r}")
+    L, octaves = result.train_len, position.octaves
+    table = np.asarray(position.octave_entropy.windows if kind == "entropy"
+                       else position.octave_logppl[result.corpora[0]].windows)
     columns = []
     for lo, hi in ranges:
         inside = [i for i, (a, b) in enumerate(octaves) if lo * L <= a and b <= hi * L]
@@ -127,37 +128,35 @@ def position_units(result: dict, ranges: list[tuple[int, int]], kind: str = "log
     return np.stack(columns, 1)
 
 
-def passkey_units(results: list[dict], multiple: int | None) -> np.ndarray:
+def passkey_units(results: list[EvaluationResult], multiple: int | None) -> np.ndarray:
     """(prompts, 2 * len(results)): per prompt and run, (correct 1/0, 1), at ``multiple`` x L (None: every
     length); the runs must have answered the same prompts."""
     columns, prompts = [], None
     for result in results:
-        if "passkey" not in result:
-            raise NotMeasured(f"no passkey in setting {result.get('setting')!r}")
-        samples = result["passkey"]["samples"]
-        if multiple is not None:
-            samples = [s for s in samples if s[0] == multiple * result["train_len"]]
-        keys = [tuple(s[:3]) for s in samples]
+        if result.passkey is None:
+            raise NotMeasured(f"no passkey in setting {result.setting!r}")
+        samples = result.passkey.at(None if multiple is None else multiple * result.train_len)
+        keys = [s.prompt for s in samples]
         if not samples or (prompts is not None and keys != prompts):
             raise NotMeasured("the compared runs answered different passkey prompts" if samples
                               else f"no passkey prompts at {multiple}x L")
         prompts = keys
-        columns += [[float(s[3]) for s in samples], [1.0] * len(samples)]
+        columns += [[float(s.correct) for s in samples], [1.0] * len(samples)]
     return np.asarray(columns).T
 
 
-def search_units(summary: dict, multiples: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+def search_units(summary: ScaleSearchResult, multiples: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """``(units, lambdas)``: blocks of validation windows with every trial's (NLL sum, count) at each target
     ``multiple`` x L, trials in grid order, targets side by side."""
-    samples, lambdas = summary["samples"], np.asarray([t["lambda"] for t in summary["trials"]])
+    samples, lambdas = summary.samples, np.asarray(summary.temperatures)
     columns = []
     for multiple in multiples:
-        n = str(multiple * summary["train_len"])
-        if n not in samples["windows"]:
+        n = multiple * summary.train_len
+        if n not in samples.windows:
             raise NotMeasured(f"the search has no target {n}")
-        columns += [np.asarray(rows) for rows in samples["windows"][n]]
+        columns += [np.asarray(rows) for rows in samples.windows[n]]
     table = np.concatenate(columns, axis=1)
-    return blocks(table, np.asarray(samples["doc"]), block_size(len(table))), lambdas
+    return blocks(table, np.asarray(samples.doc), block_size(len(table))), lambdas
 
 
 def _mean(sums: np.ndarray, column: int) -> np.ndarray:
@@ -256,9 +255,10 @@ def _log_fit_r2(claim: Claim, runs: Runs) -> Evidence:
     tables, fits = [], []
     for seed in seeds:
         summary = _result(runs, claim.methods[0], seed)
-        lambdas = np.asarray([t["lambda"] for t in summary["trials"]])
+        samples = summary.samples
         try:
-            units, fit = position_fit_units(summary["samples"], lambdas, summary["train_len"])
+            units, fit = position_fit_units(samples.edges, samples.position, np.asarray(summary.temperatures),
+                                            summary.train_len)
         except ValueError as err:
             raise NotMeasured(str(err)) from None
         tables.append(units)
@@ -319,8 +319,8 @@ def precondition_problem(condition: Precondition, runs: Runs, resamples: int) ->
             accuracies = []
             for seed in _common_seeds(runs, (method,)):
                 result = _result(runs, method, seed)
-                accuracy = result.get("passkey", {}).get("by_length", {}).get(
-                    str(condition.multiple * result["train_len"]))
+                passkey = result.passkey
+                accuracy = passkey.by_length.get(condition.multiple * result.train_len) if passkey else None
                 if accuracy is None:
                     raise NotMeasured(f"no passkey of {method!r} at {condition.multiple}x L")
                 accuracies.append(accuracy)
@@ -331,7 +331,8 @@ def precondition_problem(condition: Precondition, runs: Runs, resamples: int) ->
     if condition.kind == "tables_differ":
         m0, m1 = condition.methods
         for seed in _common_seeds(runs, condition.methods):
-            tables = [np.asarray(_result(runs, m, seed).get("temperature_table", np.nan)) for m in (m0, m1)]
+            tables = [np.asarray(np.nan if (t := _result(runs, m, seed).temperature_table) is None else t)
+                      for m in (m0, m1)]
             gap = float(np.nanmax(np.abs(tables[0] - tables[1]))) if tables[0].shape == tables[1].shape else math.inf
             if not gap >= condition.value:
                 return (f"{m1}'s temperature table is within {condition.value:g} of {m0}'s (max difference "

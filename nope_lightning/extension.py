@@ -13,13 +13,13 @@ through it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
 from nope_lightning import tracking
 from nope_lightning.checkpoint import LoadedModel, load_model, resolve_reference, weights_fingerprint
 from nope_lightning.config import AttentionTemperature, ExtensionConfig, TrackingConfig
+from nope_lightning.results import ScaleSearchResult
 
 
 def load_extended(checkpoint: str, ext: ExtensionConfig, tracking_cfg: TrackingConfig) -> LoadedModel:
@@ -54,37 +54,36 @@ def local_file(ref: str, tracking_cfg: TrackingConfig) -> str:
     return str(tracking.download(tracking_cfg, run_id, path))
 
 
-def read_scale_search(ref: str, tracking_cfg: TrackingConfig) -> dict:
+def read_scale_search(ref: str, tracking_cfg: TrackingConfig) -> ScaleSearchResult:
     """A scale-search result (its ``scale_search.json``) from a run id, ``runs:/<id>`` or a local file."""
     path = Path(ref)
     if not path.is_file():
         run_id = ref.removeprefix("runs:/").split("/")[0]
         path = tracking.download(tracking_cfg, run_id, "scale_search.json")
-    return json.loads(path.read_text())
+    return ScaleSearchResult.load(path)
 
 
-def scale_search_for(ref: str, tracking_cfg: TrackingConfig, fingerprint: str, setting: str) -> dict:
+def scale_search_for(ref: str, tracking_cfg: TrackingConfig, fingerprint: str, setting: str) -> ScaleSearchResult:
     """The scale-search result ``ref``, refused when it was run on another model than ``fingerprint`` (the
     weights' sha256); ``setting`` names it in the one-line errors."""
     result = read_scale_search(ref, tracking_cfg)
-    if result.get("model_fingerprint") != fingerprint:
-        raise ValueError(f"{setting} was run on another model (fingerprint {str(result.get('model_fingerprint'))[:12]}, "
+    if result.model_fingerprint != fingerprint:
+        raise ValueError(f"{setting} was run on another model (fingerprint {result.model_fingerprint[:12]}, "
                          f"this checkpoint is {fingerprint[:12]}); run scale-search on this checkpoint")
     return result
 
 
-def best_temperature(result: dict, target_len: int, setting: str) -> float:
+def best_temperature(result: ScaleSearchResult, target_len: int, setting: str) -> float:
     """The best uniform temperature (units of 1/sqrt(d)) at ``target_len`` of a scale-search ``result``."""
-    best = result.get("best", {})
-    if str(target_len) not in best:
+    if target_len not in result.best:
         raise ValueError(f"{setting} has no result for target_len={target_len} (it has "
-                         f"{sorted(best, key=int)}); run scale-search with target_lengths including {target_len}")
-    return float(best[str(target_len)])
+                         f"{sorted(result.best)}); run scale-search with target_lengths including {target_len}")
+    return float(result.best[target_len])
 
 
-def fitted_slope(result: dict, setting: str) -> float:
+def fitted_slope(result: ScaleSearchResult, setting: str) -> float:
     """The fit ``a`` of ``lambda = 1 + a ln s`` in a scale-search ``result``, >= 0."""
-    a = float(result.get("fit", {}).get("a", math.nan))
+    a = float(result.fit.a)
     if math.isnan(a):
         raise ValueError(f"{setting} has no fit a (it needs per-position best lambdas in >= 2 buckets beyond "
                          f"train_len: search a longer target length)")

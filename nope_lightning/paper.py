@@ -3,7 +3,9 @@ paper 001's claims as rules our numbers are tested against (``CLAIMS``; computed
 
 Paper 001 (Wang, Ji et al. 2024), TinyLlama-1.1B at L = 2K. Table 2: sliding-window PPL (S = 256) on PG19
 and Proof-pile at 2K/4K/8K/16K, i.e. 1x/2x/4x/8x the training length — the columns we compare with our
-1x/2x/4x/8x ``train_len``. ``inf`` stands for the paper's "> 10^3". Keys are our pipeline labels.
+1x/2x/4x/8x ``train_len``. ``inf`` stands for the paper's "> 10^3". Rows are named after the pipeline labels
+of ``experiments/paper.yaml``; an experiment file places each of its methods beside a row of a table
+(``ROWS``), by name, so no method is matched to a paper row by its label.
 """
 
 from __future__ import annotations
@@ -50,6 +52,20 @@ TABLE4 = {
     "headscale w/o constraint": {"pg19": 25.9, "proofpile": 4.2, "passkey": 53, "longbench": 16.7},
     "headscale w/o init": {"pg19": 31.4, "proofpile": 4.3, "passkey": 26, "longbench": 15.8},
 }
+
+#: The tables a method can be printed beside (a pipeline step's ``paper: {<table>: <row>}``) and their rows;
+#: Table 2's Proof-pile rows are a subset of its PG19 ones.
+ROWS: dict[str, frozenset[str]] = {"table2": frozenset(TABLE2_PG19), "table4": frozenset(TABLE4)}
+
+
+def row_problem(table: str, row: str) -> str:
+    """Why ``{table: row}`` names no row of paper 001's tables, in one line ('' when it names one)."""
+    if table not in ROWS:
+        return f"paper 001 has no table {table!r} to print beside: use {', '.join(ROWS)}"
+    if row not in ROWS[table]:
+        return f"paper 001's {table} has no row {row!r}; its rows: {', '.join(sorted(ROWS[table]))}"
+    return ""
+
 
 #: Paper 002 (Kazemnejad et al. 2023): mean reciprocal rank of each PE across tasks and seeds.
 SYNTHETIC_MRR = {"nope": 0.69, "t5": 0.55, "alibi": 0.50, "rope": 0.33, "learned": 0.22}

@@ -1,11 +1,12 @@
 """The dry run of an experiment file (``nope-lightning run pipeline <file> dry_run=true``).
 
 Every step's config is resolved exactly as the real run resolves it (``pipeline.step_config``), with
-placeholders standing for the results of the steps before it: ``dry-run-<step id>`` for a run id (so
-``runs:/dry-run-pretrain_nope/model`` says which step trains that model), ``1`` / ``1.0`` for counts and
-metrics (a ``best_lambda`` of 1.0 is a valid temperature), ``dry-run/<step id>/<key>`` for paths. Then
-references, lengths and token budgets are checked against what the steps will produce. Nothing is computed:
-no model is built, no data is prepared (a preparation already in the cache is read), no MLflow run is created.
+placeholders standing for the results of the steps before it, as each stage declares them
+(``run.Stage.result_keys``): ``dry-run-<step id>`` for a run id (so ``runs:/dry-run-pretrain_nope/model``
+says which step trains that model), ``1`` / ``1.0`` for counts and metrics (a ``best_lambda`` of 1.0 is a valid
+temperature), ``dry-run/<step id>/<key>`` for paths. Then references, lengths and token budgets are checked
+against what the steps will produce. Nothing is computed: no model is built, no data is prepared (a
+preparation already in the cache is read), no MLflow run is created.
 
 The result is the plan (steps in order: stage, label, model, lengths, training tokens, problems); any
 problem raises one ``ValueError`` with one line per problem, each naming its step.
@@ -19,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nope_lightning.config import DataConfig, PipelineConfig, PretrainConfig
-from nope_lightning.data.corpus import corpus_label
 from nope_lightning.eval.longctx import answer_tokens
 from nope_lightning.progress import pipeline_line
+from nope_lightning.run import get_stage
 from nope_lightning.stages.finetune import check_rope_model
 from nope_lightning.stages.pretrain import output_dir, with_budget
 from nope_lightning.steps import Instance, expand, reference_problems, step_config
@@ -114,8 +115,9 @@ def plan_step(instance: Instance, cfg: PipelineConfig, references: list[str], re
     elif checkpoint:
         entry["model"] = {"from": checkpoint}
         entry["notes"].append(f"checkpoint {checkpoint} is not trained by this file: its lengths are unchecked")
-    check = CHECKS.get(step.stage)
-    keys = check(stage_cfg, model, entry) if check else RESULTS.get(step.stage)
+    if step.stage in CHECKS:
+        CHECKS[step.stage](stage_cfg, model, entry)
+    keys = get_stage(step.stage).result_keys(stage_cfg, model.cfg.train_len if model is not None else None)
     results[instance.id] = Placeholders(instance.id, keys)
     if step.stage in ("pretrain", "finetune") and model is not None:
         models[results[instance.id]["run_id"]] = Model(instance.id, model.cfg)
@@ -179,12 +181,6 @@ def check_documents(entry: dict, data: DataConfig, split: str, longest: int) -> 
                                  f"{max(documents)}); lower the lengths or use a corpus with longer documents")
 
 
-def training_keys(length: int) -> dict[str, type]:
-    """What a Lightning training stage returns: run, steps, and the last logged train/val metrics."""
-    return {"run_id": str, "out_dir": str, "step": int, "world_size": int, "train/loss": float,
-            "train/lr": float, f"val/len{length}/loss": float, f"val/len{length}/ppl": float}
-
-
 def target_problems(entry: dict, model: Model | None, lengths: list[int]) -> None:
     """Target lengths must extend the model and fit it (the stages' own ``check_target_len``)."""
     for length in lengths if model else ():
@@ -194,7 +190,7 @@ def target_problems(entry: dict, model: Model | None, lengths: list[int]) -> Non
             entry["problems"].append(f"{err} (model of step {model.step!r})")
 
 
-def plan_pretrain(cfg: PretrainConfig, model: Model, entry: dict) -> dict[str, type]:
+def plan_pretrain(cfg: PretrainConfig, model: Model, entry: dict) -> None:
     entry["lengths"] = {"train_len": cfg.train_len}
     try:
         cfg = with_budget(cfg)
@@ -204,14 +200,13 @@ def plan_pretrain(cfg: PretrainConfig, model: Model, entry: dict) -> dict[str, t
     entry["out_dir"] = str(output_dir(cfg))
     entry["training_tokens"] = training_tokens(cfg.trainer, cfg.trainer.max_steps, cfg.batch_size, cfg.train_len)
     check_training_data(entry, cfg.data, entry["training_tokens"], cfg.train_len)
-    return {**training_keys(cfg.train_len), "model": str}
 
 
-def plan_evaluate(cfg, model: Model | None, entry: dict) -> dict[str, type] | None:
+def plan_evaluate(cfg, model: Model | None, entry: dict) -> None:
     """Lengths as ``evaluate`` picks them, each plus its generation budget against ``max_positions``."""
     if model is None and (cfg.eval_lengths is None or (cfg.passkey_keys and cfg.passkey_lengths is None)):
         entry["notes"].append("eval_lengths default to multiples of the external model's train_len: unchecked")
-        return None
+        return
     train_len = model.cfg.train_len if model is not None else 0
     lengths, passkey = cfg.perplexity_lengths(train_len), cfg.passkey_lengths_for(train_len)
     longctx = max((answer_tokens(t) for t in cfg.longctx_tasks), default=0) + 1 if cfg.longctx_samples else 0
@@ -228,58 +223,29 @@ def plan_evaluate(cfg, model: Model | None, entry: dict) -> dict[str, type] | No
                                      f"eval_lengths/passkey_lengths or raise model.max_positions there")
         if not cfg.corpora and lengths:
             check_documents(entry, model.cfg.data, cfg.split, max(lengths))
-    if cfg.longbench_files or cfg.harness_tasks:
-        return None  # their metric names come from the tasks themselves
-    return evaluate_keys(cfg, lengths, passkey)
 
 
-def evaluate_keys(cfg, lengths: list[int], passkey: list[int]) -> dict[str, type]:
-    """The metric names ``evaluate`` returns (``window_metrics``, passkey, long-context)."""
-    prefixes = [cfg.split, *(f"{cfg.split}/{corpus_label(c)}" for c in cfg.corpora[1:])]
-    keys: dict[str, type] = {"run_id": str}
-    keys.update({f"{p}/len{n}/{m}": float for p in prefixes for n in lengths for m in ("ppl", "loss")})
-    if cfg.entropy and cfg.position_windows:
-        keys.update({f"{cfg.split}/len{n}/entropy": float for n in lengths})
-    if cfg.passkey_keys:
-        depths = [round(100 * i / cfg.passkey_depths) for i in range(cfg.passkey_depths)]
-        keys.update({f"passkey/len{n}/acc": float for n in passkey})
-        keys.update({f"passkey/len{n}/depth{d}/acc": float for n in passkey for d in depths})
-    if cfg.longctx_samples:
-        keys.update({f"longctx/{t}/len{n}/score": float for t in cfg.longctx_tasks for n in passkey})
-    return keys
-
-
-def plan_scale_search(cfg, model: Model | None, entry: dict) -> dict[str, type]:
+def plan_scale_search(cfg, model: Model | None, entry: dict) -> None:
     entry["lengths"] = {"targets": list(cfg.target_lengths)}
     target_problems(entry, model, cfg.target_lengths)
     if model is not None:
         check_documents(entry, model.cfg.data, "val", max(cfg.target_lengths))
-    keys = {"run_id": str, "study": str, "trials": int, "scale_search/fit_a": float, "scale_search/fit_r2": float}
-    keys.update({f"scale_search/len{n}/{m}": float for n in cfg.target_lengths
-                 for m in ("best_lambda", "best_logppl", "on_grid_edge")})
-    return keys
 
 
-def plan_headscale(cfg, model: Model | None, entry: dict) -> dict[str, type]:
+def plan_headscale(cfg, model: Model | None, entry: dict) -> None:
     entry["lengths"] = {"target_len": cfg.target_len}
     entry["training_tokens"] = training_tokens(cfg.trainer, cfg.steps, cfg.batch_size, cfg.target_len)
     target_problems(entry, model, [cfg.target_len])
     if model is not None:
         check_training_data(entry, model.cfg.data, entry["training_tokens"], cfg.target_len)
-    symbol = "a" if cfg.parameterization == "log" else "lambda"
-    return {**training_keys(cfg.target_len), "table": str, f"init_{symbol}": float,
-            **{f"headscale/{symbol}_{s}": float for s in ("mean", "min", "max")}}
 
 
-def plan_headscale_search(cfg, model: Model | None, entry: dict) -> dict[str, type]:
+def plan_headscale_search(cfg, model: Model | None, entry: dict) -> None:
     plan_headscale(cfg.base, model, entry)
     entry["training_tokens"] *= cfg.num_trials  # at most: pruned trials stop early
-    return {"run_id": str, "study": str, "best_trial": int, "best_run_id": str, "trials": int,
-            "headscale_search/pruned": int,
-            **{f"headscale_search/{k}": float for k in ("best_logppl", "best_init", "best_lr")}}
 
 
-def plan_finetune(cfg, model: Model | None, entry: dict) -> dict[str, type]:
+def plan_finetune(cfg, model: Model | None, entry: dict) -> None:
     entry["lengths"] = {"target_len": cfg.target_len}
     entry["training_tokens"] = training_tokens(cfg.trainer, cfg.total_steps, cfg.batch_size, cfg.target_len)
     target_problems(entry, model, [cfg.target_len])
@@ -289,22 +255,9 @@ def plan_finetune(cfg, model: Model | None, entry: dict) -> dict[str, type]:
         except ValueError as err:
             entry["problems"].append(str(err))
         check_training_data(entry, model.cfg.data, entry["training_tokens"], cfg.target_len)
-    return {**training_keys(cfg.target_len), "model": str, "tokens": int}
 
 
-#: Stages checked beyond their config, each ``(config, model | None, plan entry) -> result keys | None``.
+#: Stages checked beyond their config (lengths, budgets, data), each ``(config, model | None, plan entry)``; their
+#: result names come from the stages' own declarations (``run.Stage.result_keys``).
 CHECKS = {"pretrain": plan_pretrain, "evaluate": plan_evaluate, "scale-search": plan_scale_search,
           "headscale": plan_headscale, "headscale-search": plan_headscale_search, "finetune": plan_finetune}
-
-#: The result keys of the other stages (None: only known once it ran), as each stage's ``run`` returns them.
-RESULTS: dict[str, dict[str, type] | None] = {
-    "prepare": {"root": str, "key": str, "vocab_size": int, "train_tokens": int, "val_tokens": int,
-                "test_tokens": int},
-    "report": {"run_id": str, "markdown": str, "html": str, "methods": int},
-    "pipeline": {"run_id": str, "steps": int, "elapsed_s": float, "report": str},
-    "synthetic": {"run_id": str, "task": str, "pos_encoding": str, "seed": int, "scratchpad": bool,
-                  "train_max_len": int, "test_max_len": int, "id_acc": float, "ood_acc": float,
-                  "best_val_acc": float, "best_step": int, "steps": int, "train_seconds": float,
-                  "eval_seconds": float, "parameters": int},
-    "synthetic-grid": None,
-}

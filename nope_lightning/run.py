@@ -20,11 +20,15 @@ from nope_lightning.tracking import check_store
 
 @dataclass(frozen=True)
 class Stage:
-    """A stage: its config dataclass and its entry function, both as ``module:name`` (imported lazily)."""
+    """A stage: its config dataclass, its entry function and the declaration of its results, each as
+    ``module:name`` (imported lazily). ``results`` is ``(config, train_len | None) -> {name: kind} | None``, in
+    the stage's module beside the code that returns them; '' for a stage whose result names are only known
+    once it ran."""
 
     config: str
     entry: str
     summary: str
+    results: str = ""
 
     def config_class(self) -> type:
         return _resolve(self.config)
@@ -32,37 +36,48 @@ class Stage:
     def function(self):
         return _resolve(self.entry)
 
+    def result_keys(self, cfg: Any, train_len: int | None = None) -> dict[str, type] | None:
+        """``name -> kind`` (str, int, float, bool) of what a run of this stage with ``cfg`` returns, on a model
+        pre-trained at ``train_len`` tokens (None: not known), as a later step references it
+        (``@{step.name}``); None when only known once it ran."""
+        return _resolve(self.results)(cfg, train_len) if self.results else None
+
 
 def _resolve(ref: str):
     module, name = ref.split(":")
     return getattr(importlib.import_module(module), name)
 
 
+def _stage(module: str, config: str, summary: str, declared: bool = True) -> Stage:
+    """The stage whose ``run`` and ``result_keys`` live in ``nope_lightning.stages.<module>``."""
+    where = f"nope_lightning.stages.{module}"
+    return Stage(config, f"{where}:run", summary, f"{where}:result_keys" if declared else "")
+
+
 STAGES: dict[str, Stage] = {
-    "prepare": Stage("nope_lightning.config:PrepareConfig", "nope_lightning.stages.prepare:run",
-                     "tokenizer + packed token files for a corpus (cached)"),
-    "pretrain": Stage("nope_lightning.config:PretrainConfig", "nope_lightning.stages.pretrain:run",
-                      "causal LM from scratch with a chosen position encoding"),
-    "evaluate": Stage("nope_lightning.config:EvaluateConfig", "nope_lightning.stages.evaluate:run",
-                      "PPL, per-position curves, attention entropy, passkey, long-context tasks"),
-    "scale-search": Stage("nope_lightning.config:ScaleSearchConfig", "nope_lightning.stages.scale_search:run",
-                          "Optuna grid over a uniform temperature per target length; lambda = 1 + a ln s fit"),
-    "headscale": Stage("nope_lightning.config:HeadScaleConfig", "nope_lightning.stages.headscale:run",
-                       "per-head temperatures (n_layer x n_head) on a frozen model, focus constraint"),
-    "headscale-search": Stage("nope_lightning.stages.headscale_search:HeadScaleSearchConfig",
-                              "nope_lightning.stages.headscale_search:run",
-                              "Optuna TPE over HeadScale's init and lr, pruned on validation loss"),
-    "finetune": Stage("nope_lightning.config:FinetuneConfig", "nope_lightning.stages.finetune:run",
-                      "RoPE baselines: full PI / YaRN fine-tuning at the target length"),
-    "synthetic": Stage("nope_lightning.synthetic.config:SyntheticConfig", "nope_lightning.stages.synthetic:run",
-                       "paper-002 task suite: one (task, PE, seed), exact match per length bucket"),
-    "synthetic-grid": Stage("nope_lightning.synthetic.config:SyntheticGridConfig",
-                            "nope_lightning.stages.synthetic_grid:run",
-                            "tasks x PEs x seeds under one parent run: OOD table, MRR (ties averaged)"),
-    "pipeline": Stage("nope_lightning.config:PipelineConfig", "nope_lightning.stages.pipeline:run",
-                      "an experiment file: stages chained through MLflow, resumable, one parent run"),
-    "report": Stage("nope_lightning.config:ReportConfig", "nope_lightning.stages.report:run",
-                    "markdown tables + PNG plots of a pipeline run, papers' numbers beside ours"),
+    "prepare": _stage("prepare", "nope_lightning.config:PrepareConfig",
+                      "tokenizer + packed token files for a corpus (cached)"),
+    "pretrain": _stage("pretrain", "nope_lightning.config:PretrainConfig",
+                       "causal LM from scratch with a chosen position encoding"),
+    "evaluate": _stage("evaluate", "nope_lightning.config:EvaluateConfig",
+                       "PPL, per-position curves, attention entropy, passkey, long-context tasks"),
+    "scale-search": _stage("scale_search", "nope_lightning.config:ScaleSearchConfig",
+                           "Optuna grid over a uniform temperature per target length; lambda = 1 + a ln s fit"),
+    "headscale": _stage("headscale", "nope_lightning.config:HeadScaleConfig",
+                        "per-head temperatures (n_layer x n_head) on a frozen model, focus constraint"),
+    "headscale-search": _stage("headscale_search", "nope_lightning.stages.headscale_search:HeadScaleSearchConfig",
+                               "Optuna TPE over HeadScale's init and lr, pruned on validation loss"),
+    "finetune": _stage("finetune", "nope_lightning.config:FinetuneConfig",
+                       "RoPE baselines: full PI / YaRN fine-tuning at the target length"),
+    "synthetic": _stage("synthetic", "nope_lightning.synthetic.config:SyntheticConfig",
+                        "paper-002 task suite: one (task, PE, seed), exact match per length bucket"),
+    "synthetic-grid": _stage("synthetic_grid", "nope_lightning.synthetic.config:SyntheticGridConfig",
+                             "tasks x PEs x seeds under one parent run: OOD table, MRR (ties averaged)",
+                             declared=False),
+    "pipeline": _stage("pipeline", "nope_lightning.config:PipelineConfig",
+                       "an experiment file: stages chained through MLflow, resumable, one parent run"),
+    "report": _stage("report", "nope_lightning.config:ReportConfig",
+                     "markdown tables + PNG plots of a pipeline run, papers' numbers beside ours"),
 }
 
 

@@ -16,7 +16,7 @@ import contextlib
 import hashlib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,17 +134,19 @@ def fit_log_scale_batch(best: np.ndarray, ratios: np.ndarray) -> tuple[np.ndarra
         return a, np.where(total > 0, 1 - residual / total, np.nan)
 
 
-def position_fit_units(samples: dict, grid: np.ndarray, train_len: int) -> tuple[np.ndarray, Callable]:
+def position_fit_units(edges: Sequence[int], position: Sequence, grid: np.ndarray,
+                       train_len: int) -> tuple[np.ndarray, Callable]:
     """A scale-search's per-position data as bootstrap input: ``(units, fit)`` where ``units`` (windows,
     trials * buckets) holds, per validation position window, every trial's NLL sum over each bucket past L
-    (trials in ``grid`` order), and ``fit(sums (R, 1, k)) -> (a, R^2)`` refits lambda = 1 + a ln s through
-    each bucket's best lambda. ``ValueError`` when fewer than two buckets lie past L."""
-    edges = np.asarray(samples["edges"])
+    (trials in ``grid`` order; ``position``: (trials, windows, buckets) NLL sums over the buckets ``edges``),
+    and ``fit(sums (R, 1, k)) -> (a, R^2)`` refits lambda = 1 + a ln s through each bucket's best lambda.
+    ``ValueError`` when fewer than two buckets lie past L."""
+    edges = np.asarray(edges)
     centers = (edges[:-1] + edges[1:] - 1) / 2
     past = centers > train_len
     if past.sum() < 2:
         raise ValueError("the search measured fewer than two position buckets past L")
-    position = np.asarray(samples["position"])[:, :, past]  # (trials, windows, buckets past L)
+    position = np.asarray(position)[:, :, past]  # (trials, windows, buckets past L)
     units = position.transpose(1, 0, 2).reshape(position.shape[1], -1)
     widths, ratios = np.diff(edges)[past], centers[past] / train_len
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import itertools
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from omegaconf import OmegaConf
 
 from nope_lightning.config import PipelineConfig, PipelineStep, flatten, to_dict, to_yaml
 from nope_lightning.run import get_stage, stage_config
+from nope_lightning.runkey import RunKey
 
 #: ``@{step.key}``, ``@{seed}`` and ``@{matrix.key}``.
 REFERENCE = re.compile(r"@\{([\w-]+)(?:\.([\w/.-]+))?\}")
@@ -44,27 +46,18 @@ class Instance:
     point: tuple[tuple[str, str], ...]
 
     @property
-    def suffix(self) -> str:
-        """``[n_layer=2,seed=1234]``, or '' for a file without seeds and matrix."""
-        parts = [f"{k}={v}" for k, v in self.point] + ([f"seed={self.seed}"] if self.seed is not None else [])
-        return f"[{','.join(parts)}]" if parts else ""
+    def key(self) -> RunKey:
+        """Where this instance's run sits: method (the step's label, else its id), seed, point, stage, step."""
+        return RunKey(self.step.label or self.step.id, self.seed, self.point, self.step.stage, self.step.id)
 
     @property
     def id(self) -> str:
-        return f"{self.step.id}{self.suffix}"
+        """``pretrain_nope[n_layer=2,seed=1234]``; the bare step id for a file without seeds and matrix."""
+        return self.key.instance
 
     def of(self, step_id: str) -> str:
         """The id of step ``step_id``'s instance at this instance's seed and point."""
-        return f"{step_id}{self.suffix}"
-
-    @property
-    def tags(self) -> dict[str, str]:
-        """MLflow tags that place the run: its step, seed and matrix point."""
-        tags = {"pipeline_step": self.id, "step_id": self.step.id}
-        if self.seed is not None:
-            tags["seed"] = str(self.seed)
-        tags.update({f"matrix.{k}": v for k, v in self.point})
-        return tags
+        return f"{step_id}{self.key.suffix}"
 
 
 def points(matrix: Mapping[str, list[str]]) -> list[tuple[tuple[str, str], ...]]:
@@ -157,7 +150,7 @@ def step_config(instance: Instance, cfg: PipelineConfig, results: Mapping[str, M
     tracked = [f"tracking.uri={t.uri}", f"tracking.artifact_root={t.artifact_root}",
                f"tracking.experiment={t.experiment}", f"tracking.parent_run_id={parent}"]
     if step.label and "name" in keys:
-        tracked.append(f"name={step.label}{instance.suffix}")
+        tracked.append(f"name={step.label}{instance.key.suffix}")
     return stage_config(step.stage, config_path(step.config), [*common, *seeded, *overrides, *tracked])
 
 
@@ -174,8 +167,21 @@ def defaults(cls) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cls))
 
 
-def config_hash(cfg: Any) -> str:
-    return hashlib.sha256(to_yaml(cfg).encode()).hexdigest()[:16]
+def step_hash(stage_cfg: Any) -> str:
+    """The identity of a step's work: its resolved stage config less every ``tracking.parent_run_id``, so the
+    same step under another pipeline run (a rerun with more seeds, another file) has the same hash; 16 hex."""
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k != "parent_run_id"}
+        return [strip(v) for v in value] if isinstance(value, list) else value
+
+    return hashlib.sha256(json.dumps(strip(to_dict(stage_cfg)), sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def recorded_hash(stage_cfg: Any) -> str:
+    """The hash step records held before ``step_hash`` (of the whole config, parent run included), so a pipeline
+    run started then still skips the steps it finished; 16 hex."""
+    return hashlib.sha256(to_yaml(stage_cfg).encode()).hexdigest()[:16]
 
 
 #: Pipeline fields that change no step: a rerun with other claims or another bootstrap size resumes the same

@@ -3,7 +3,8 @@
 A pipeline with ``matrix`` and ``sweep: {x: <key>, lines: <key>}`` (``experiments/sharpness.yaml``) runs the same
 steps at every grid point; here every point gets the measures below, each pooled over seeds with its 95 %
 interval by the claims' machinery (paired on the same windows, ``claims.measure``), then a table, a log-log
-slope per line, and a plot of the measures against ``x`` with one line per value of ``lines``.
+slope per line, and a plot of the measures against ``x`` with one line per value of ``lines``. The measures
+compare methods by role (``config.SWEEP_ROLES``); the sweep setting names each role's step label.
 """
 
 from __future__ import annotations
@@ -14,32 +15,37 @@ from collections.abc import Mapping
 import numpy as np
 
 from nope_lightning.claims import NotMeasured, Runs, measure
+from nope_lightning.config.pipeline import SWEEP_ROLES
 from nope_lightning.eval import plots
 from nope_lightning.paper import Claim
 from nope_lightning.stats import Interval
 from nope_lightning.tables import cell, markdown_table
 
-#: What each point reports: (key, label, test, methods, multiples, exponentiate). The methods are the sweep
-#: file's step labels.
+#: What each point reports: (key, label, test, methods, multiples, exponentiate). The methods are roles
+#: (``SWEEP_ROLES``), which the sweep setting maps to step labels.
 MEASURES = (
     ("nope_2x", "NoPE PPL(2L) / PPL(L)", "log_ppl_difference", ("nope", "nope"), (2, 1), True),
     ("nope_4x", "NoPE PPL(4L) / PPL(L)", "log_ppl_difference", ("nope", "nope"), (4, 1), True),
     ("nope_positions", "NoPE per-position PPL [2L, 4L) / [0, L)", "position_ratio", ("nope",), (2, 4), True),
     ("nope_entropy", "NoPE entropy rise, [2L, 4L) minus [0, L) (nats)", "entropy_rise", ("nope",), (2, 4), False),
-    ("best_2x", "best lambda at 2x (validation)", "best_temperature", ("search_nope",), (2,), False),
-    ("gap_2x", "share of the 1x -> 2x gap the best lambda closes", "gap_closed", ("nope", "nope lambda=best@2x"),
-     (1, 2), False),
+    ("best_2x", "best lambda at 2x (validation)", "best_temperature", ("search",), (2,), False),
+    ("gap_2x", "share of the 1x -> 2x gap the best lambda closes", "gap_closed", ("nope", "repaired"), (1, 2),
+     False),
     ("rope_2x", "RoPE PPL(2L) / PPL(L)", "log_ppl_difference", ("rope", "rope"), (2, 1), True),
 )
+assert {role for *_, roles, _, _ in MEASURES for role in roles} <= set(SWEEP_ROLES)
 #: The two measures plotted (one panel each).
 PLOTTED = ("nope_2x", "gap_2x")
 
 
-def point_measures(runs: Runs, resamples: int) -> dict[str, Interval]:
-    """Every measure the point's runs allow (missing runs: left out)."""
+def point_measures(runs: Runs, labels: Mapping[str, str], resamples: int) -> dict[str, Interval]:
+    """Every measure the point's runs allow (``labels``: role -> step label; a role without a label or runs:
+    its measures are left out)."""
     out = {}
-    for key, label, test, methods, multiples, exponentiate in MEASURES:
-        claim = Claim(key, label, "", test, methods, multiples)
+    for key, label, test, roles, multiples, exponentiate in MEASURES:
+        if not set(roles) <= set(labels):
+            continue
+        claim = Claim(key, label, "", test, tuple(labels[role] for role in roles), multiples)
         try:
             interval, _ = measure(test, claim, runs, resamples)
         except NotMeasured:
@@ -60,9 +66,11 @@ def number(value: str) -> float:
 
 def sweep_section(points: Mapping[tuple, Runs], axes: Mapping[str, str], resamples: int) -> tuple[str, object]:
     """``(markdown, figure)``: the measures per point, the log-log slope of each plotted measure against
-    ``axes["x"]`` per value of ``axes["lines"]``, and the plot."""
+    ``axes["x"]`` per value of ``axes["lines"]``, and the plot; the other entries of ``axes`` map roles to
+    step labels."""
     x_key, line_key = axes["x"], axes["lines"]
-    measured = {point: point_measures(runs, resamples) for point, runs in points.items()}
+    labels = {role: label for role, label in axes.items() if role in SWEEP_ROLES}
+    measured = {point: point_measures(runs, labels, resamples) for point, runs in points.items()}
     keys = [m for m in MEASURES if any(m[0] in v for v in measured.values())]
     rows = []
     for point, values in sorted(measured.items(), key=lambda kv: (number(dict(kv[0])[line_key]),

@@ -1,24 +1,29 @@
 """The report's markdown tables, each number with its 95 % interval and its seed count.
 
-Input: ``method -> seed -> results`` of one matrix point (``claims.Runs``). With two or more seeds a cell is
+Input: ``method -> seed -> result`` of one matrix point (``claims.Runs``). With two or more seeds a cell is
 the mean over seeds with a Student t interval across seeds (training variance: another seed is another
 model); with one seed it is that run's own interval (a bootstrap over blocks of evaluation windows for
 perplexity, Wilson for passkey accuracy). Perplexities are averaged as log-PPL and shown as PPL. What was not
 run prints "—". Method-against-method differences are paired instead (``paired_table``, ``claims_table``): a
-bootstrap over the shared windows and prompts, pooled over seeds.
+bootstrap over the shared windows and prompts, pooled over seeds. Which paper row a method is printed
+beside is the experiment file's to say (``rows``: method -> row of the paper's table), matched exactly.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from nope_lightning import markdown_table as markdown
 from nope_lightning import paper
 from nope_lightning.claims import NotMeasured, Outcome, Runs, measure
+from nope_lightning.config import PipelineConfig
 from nope_lightning.paper import Claim
+from nope_lightning.results import Curve, EvaluationResult, ScaleSearchResult
 from nope_lightning.stats import UNIT, Interval, t_interval, wilson
 
 MISSING = "—"
@@ -31,13 +36,36 @@ BIASED_NOTE = (f"{BIASED} The estimate lies outside its bootstrap interval: resa
                "not where the value lies; verdicts use the interval widened to include the estimate.")
 
 
+@dataclass(frozen=True)
+class Methods:
+    """What an experiment file says of its methods (step labels) for the report: the ``reference`` every method
+    is paired against ('': none), the paper row each is printed beside (``rows[table][method]``, ``table`` a
+    key of ``paper.ROWS``), and the NoPE family (drawn apart from the baselines)."""
+
+    reference: str = ""
+    rows: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    nope_family: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, pipeline: PipelineConfig | None) -> Methods:
+        """The file's own (its steps' ``paper`` and ``family``, its ``reference``); none without a file."""
+        if pipeline is None:
+            return cls()
+        steps = {step.label or step.id: step for step in pipeline.steps}
+        rows = {table: {m: step.paper[table] for m, step in steps.items() if table in step.paper}
+                for table in paper.ROWS}
+        return cls(pipeline.reference, rows, frozenset(m for m, step in steps.items() if step.family == "nope"))
+
+    def paper_rows(self, table: str) -> Mapping[str, str]:
+        """method -> its row of the paper's ``table``."""
+        return self.rows.get(table, {})
+
+
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
-    """A markdown table; a footnote follows it when a cell carries the ``BIASED`` mark."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    if any(BIASED in str(c) for row in rows for c in row):
-        lines += ["", BIASED_NOTE]
-    return "\n".join(lines)
+    """A markdown table (cells escaped: ``markdown_table.render``); a footnote follows it when a cell carries
+    the ``BIASED`` mark."""
+    note = any(BIASED in str(c) for row in rows for c in row)
+    return markdown.render(header, rows) + (f"\n\n{BIASED_NOTE}" if note else "")
 
 
 def seed_note(runs: Runs) -> str:
@@ -58,7 +86,8 @@ def cell(interval: Interval | None, show: Callable[[float], str] = "{:.2f}".form
     return f"{show(interval.estimate)} [{show(interval.low)}, {show(interval.high)}]{mark}"
 
 
-def across(by_seed: dict, value: Callable[[dict], float | None], single: Callable[[dict], Interval | None],
+def across(by_seed: Mapping[int | None, EvaluationResult], value: Callable[[EvaluationResult], float | None],
+           single: Callable[[EvaluationResult], Interval | None],
            bounds: tuple[float, float] = (-math.inf, math.inf)) -> Interval | None:
     """``value`` per seed -> mean and t interval across seeds (clipped to ``bounds``); one seed -> ``single``
     (the run's interval)."""
@@ -75,47 +104,44 @@ def exp_interval(interval: Interval | None) -> Interval | None:
                                                                             interval.high)))
 
 
-def _ppl_at(result: dict, corpus: str, n: int) -> dict | None:
-    return result.get("ppl", {}).get(corpus, {}).get(str(n))
-
-
-def log_ppl(by_seed: dict, corpus: str, n: int) -> Interval | None:
+def log_ppl(by_seed: Mapping[int | None, EvaluationResult], corpus: str, n: int) -> Interval | None:
     """Mean log-PPL at ``n`` tokens over seeds (t interval) or the run's bootstrap interval."""
-    def value(r: dict) -> float | None:
-        p = _ppl_at(r, corpus, n)
-        return None if p is None else p["nll"]
+    def value(r: EvaluationResult) -> float | None:
+        p = r.perplexity(corpus, n)
+        return None if p is None else p.nll
 
-    def single(r: dict) -> Interval | None:
-        p = _ppl_at(r, corpus, n)
-        return None if p is None else Interval(p["nll"], p["nll_low"], p["nll_high"])
+    def single(r: EvaluationResult) -> Interval | None:
+        p = r.perplexity(corpus, n)
+        return None if p is None else Interval(p.nll, p.nll_low, p.nll_high)
 
     return across(by_seed, value, single)
 
 
-def ppl_tables(runs: Runs) -> str:
-    """Table 2 analog: PPL per method x length for each corpus, with the paper's row where it has one."""
+def ppl_tables(runs: Runs, rows: Mapping[str, str]) -> str:
+    """Table 2 analog: PPL per method x length for each corpus, with the paper's row ``rows[method]`` (a key of
+    ``paper.TABLE2_PG19``) where the method has one and the corpus's table holds it."""
     first = next(iter(next(iter(runs.values())).values()))
-    train_len, out = first["train_len"], []
-    for corpus in first["corpora"]:
-        lengths = sorted({int(n) for by_seed in runs.values() for r in by_seed.values()
-                          for n in r.get("ppl", {}).get(corpus, {})})
+    train_len, out = first.train_len, []
+    for corpus in first.corpora:
+        lengths = sorted({n for by_seed in runs.values() for r in by_seed.values()
+                          for n in (r.ppl or {}).get(corpus, {})})
         if not lengths:
             continue
         reference = paper.TABLE2_PROOFPILE if corpus in ("math", "code") else paper.TABLE2_PG19
         header = ["method", *[f"{n} ({n / train_len:g}x)" for n in lengths], "paper 1x/2x/4x/8x"]
-        rows = []
+        table = []
         for method, by_seed in runs.items():
             cells = [cell(exp_interval(log_ppl(by_seed, corpus, n)), paper.fmt) for n in lengths]
-            ref = reference.get(method)
-            rows.append([method, *cells, " / ".join(paper.fmt(v) for v in ref) if ref else MISSING])
+            ref = reference.get(rows.get(method, ""))
+            table.append([method, *cells, " / ".join(paper.fmt(v) for v in ref) if ref else MISSING])
         name = "PG19" if reference is paper.TABLE2_PG19 else "Proof-pile"
-        out.append(f"### Sliding-window perplexity on `{corpus}` ({first['split']} split, stride {first['stride']}, "
+        out.append(f"### Sliding-window perplexity on `{corpus}` ({first.split} split, stride {first.stride}, "
                    f"every length scored on the same target tokens; {seed_note(runs)}; paper column: {name}, "
-                   f"TinyLlama-1.1B at 2K)\n\n" + markdown_table(header, rows))
+                   f"TinyLlama-1.1B at 2K)\n\n" + markdown_table(header, table))
     return "\n\n".join(out)
 
 
-def paired_table(runs: Runs, resamples: int, reference: str = "nope") -> str:
+def paired_table(runs: Runs, resamples: int, reference: str) -> str:
     """Every method against ``reference`` on the same windows and prompts: per seed the paired difference
     (log-PPL at each evaluation length, passkey accuracy at each passkey length), pooled as the mean over seeds
     with its 95 % bootstrap interval (``claims.measure``), and on how many seeds the method does better (lower
@@ -124,11 +150,11 @@ def paired_table(runs: Runs, resamples: int, reference: str = "nope") -> str:
     if reference not in runs:
         return ""
     first = next(iter(runs[reference].values()))
-    L = first["train_len"]
+    L = first.train_len
     columns = [("log_ppl_difference", (n // L, n // L), f"Δ log-PPL {n // L:g}x", -1)
-               for n in first.get("lengths", []) if n % L == 0]
+               for n in first.lengths if n % L == 0]
     columns += [("passkey_difference", (m,), f"Δ passkey {m:g}x", 1)
-                for m in sorted({s[0] // L for s in first.get("passkey", {}).get("samples", [])})]
+                for m in sorted({s.length // L for s in (first.passkey.samples if first.passkey else [])})]
     rows = []
     for method in runs:
         if method == reference:
@@ -152,29 +178,33 @@ def paired_table(runs: Runs, resamples: int, reference: str = "nope") -> str:
             f"\n\n" + markdown_table(["method", *[label for _, _, label, _ in columns]], rows))
 
 
-def octave_interval(by_seed: dict, index: int) -> Interval | None:
-    """Mean log-PPL over the ``index``-th octave of positions ([0, L), [L, 2L), ...)."""
-    def value(r: dict) -> float | None:
-        curve = next(iter(r["position"]["octave_logppl"].values())) if "position" in r else None
-        return None if curve is None or index >= len(curve["mean"]) else curve["mean"][index]
+def _octaves(result: EvaluationResult) -> Curve | None:
+    """The primary corpus's per-octave log-PPL curve, None when positions were not measured."""
+    return None if result.position is None else result.position.primary
 
-    def single(r: dict) -> Interval | None:
-        curve = next(iter(r["position"]["octave_logppl"].values())) if "position" in r else None
-        if curve is None or index >= len(curve["mean"]):
+
+def octave_interval(by_seed: Mapping[int | None, EvaluationResult], index: int) -> Interval | None:
+    """Mean log-PPL over the ``index``-th octave of positions ([0, L), [L, 2L), ...)."""
+    def value(r: EvaluationResult) -> float | None:
+        curve = _octaves(r)
+        return None if curve is None or index >= len(curve.mean) else curve.mean[index]
+
+    def single(r: EvaluationResult) -> Interval | None:
+        curve = _octaves(r)
+        if curve is None or index >= len(curve.mean):
             return None
-        return Interval(curve["mean"][index], curve["low"][index], curve["high"][index])
+        return Interval(curve.mean[index], curve.low[index], curve.high[index])
 
     return across(by_seed, value, single)
 
 
 def bucket_table(runs: Runs) -> str:
     """Per-position PPL over [0, L), [L, 2L), [2L, 4L), ... of the longest windows."""
-    with_position = {m: s for m, s in runs.items() if any("position" in r for r in s.values())}
+    with_position = {m: s for m, s in runs.items() if any(r.position is not None for r in s.values())}
     if not with_position:
         return ""
-    first = next(r for s in with_position.values() for r in s.values() if "position" in r)
-    ranges = [tuple(o) for o in first["position"]["octaves"]]
-    L = first["train_len"]
+    first = next(r for s in with_position.values() for r in s.values() if r.position is not None)
+    ranges, L = first.position.octaves, first.train_len
     header = ["method", *[f"[{_times_l(a, L)}, {_times_l(b, L)})" for a, b in ranges],
               f"[{_times_l(ranges[-1][0], L)}, {_times_l(ranges[-1][1], L)}) / [0, L)"]
     rows = []
@@ -182,8 +212,8 @@ def bucket_table(runs: Runs) -> str:
         cells = [cell(exp_interval(octave_interval(by_seed, i)), paper.fmt) for i in range(len(ranges))]
         ratios = [v for r in by_seed.values() if (v := _octave_ratio(r, len(ranges) - 1)) is not None]
         rows.append([method, *cells, cell(exp_interval(t_interval(ratios))) if ratios else MISSING])
-    windows = len(first["position"]["octave_logppl"][first["corpora"][0]]["windows"])
-    return (f"### Per-position perplexity by range ({first['split']} split, {windows} non-overlapping windows of "
+    windows = len(first.position.primary.windows)
+    return (f"### Per-position perplexity by range ({first.split} split, {windows} non-overlapping windows of "
             f"{ranges[-1][1]} tokens; {seed_note(with_position)})\n\n" + markdown_table(header, rows))
 
 
@@ -193,101 +223,104 @@ def _times_l(position: int, train_len: int) -> str:
     return "0" if not position else "L" if multiple == 1 else f"{multiple:g}L"
 
 
-def _octave_ratio(result: dict, index: int) -> float | None:
-    curve = next(iter(result["position"]["octave_logppl"].values())) if "position" in result else None
-    return None if curve is None else curve["mean"][index] - curve["mean"][0]
+def _octave_ratio(result: EvaluationResult, index: int) -> float | None:
+    curve = _octaves(result)
+    return None if curve is None else curve.mean[index] - curve.mean[0]
 
 
-def passkey_interval(by_seed: dict, n: int | None) -> Interval | None:
+def _correct(result: EvaluationResult, n: int | None) -> list[bool]:
+    """Each passkey prompt's outcome at ``n`` tokens (None: every length)."""
+    return [s.correct for s in result.passkey.at(n)] if result.passkey else []
+
+
+def passkey_interval(by_seed: Mapping[int | None, EvaluationResult], n: int | None) -> Interval | None:
     """Accuracy at ``n`` tokens (None: over every length): mean over seeds with a t interval, or one run's
     Wilson interval."""
-    def value(r: dict) -> float | None:
-        samples = [s[3] for s in r.get("passkey", {}).get("samples", []) if n is None or s[0] == n]
+    def value(r: EvaluationResult) -> float | None:
+        samples = _correct(r, n)
         return float(np.mean(samples)) if samples else None
 
-    def single(r: dict) -> Interval | None:
-        samples = [s[3] for s in r.get("passkey", {}).get("samples", []) if n is None or s[0] == n]
+    def single(r: EvaluationResult) -> Interval | None:
+        samples = _correct(r, n)
         return wilson(sum(samples), len(samples)) if samples else None
 
     return across(by_seed, value, single, UNIT)
 
 
 def passkey_table(runs: Runs) -> str:
-    with_keys = {m: s for m, s in runs.items() if any("passkey" in r for r in s.values())}
+    with_keys = {m: s for m, s in runs.items() if any(r.passkey is not None for r in s.values())}
     if not with_keys:
         return ""
-    first = next(r for s in with_keys.values() for r in s.values() if "passkey" in r)
-    lengths = sorted({int(sample[0]) for s in with_keys.values() for r in s.values() if "passkey" in r
-                      for sample in r["passkey"]["samples"]})
+    first = next(r.passkey for s in with_keys.values() for r in s.values() if r.passkey is not None)
+    lengths = sorted({sample.length for s in with_keys.values() for r in s.values() if r.passkey is not None
+                      for sample in r.passkey.samples})
     rows = [[m, *[cell(passkey_interval(s, n)) for n in lengths], cell(passkey_interval(s, None))]
             for m, s in with_keys.items()]
-    depths = len({sample[1] for sample in first["passkey"]["samples"]})
-    keys = len(first["passkey"]["samples"]) // max(1, depths * len(lengths))
-    return (f"### Passkey retrieval accuracy ({first['passkey']['prompt']} prompt, {depths} depths x {keys} "
+    depths = len({sample.depth for sample in first.samples})
+    keys = len(first.samples) // max(1, depths * len(lengths))
+    return (f"### Passkey retrieval accuracy ({first.prompt} prompt, {depths} depths x {keys} "
             f"key{'s' if keys > 1 else ''} per length, greedy; {seed_note(with_keys)})\n\n"
             + markdown_table(["method", *map(str, lengths), "all lengths"], rows))
 
 
 def longctx_table(runs: Runs) -> str:
-    tasks = sorted({t for s in runs.values() for r in s.values() for t in r.get("longctx", {})})
+    tasks = sorted({t for s in runs.values() for r in s.values() for t in r.longctx or {}})
     if not tasks:
         return ""
     rows = []
     for method, by_seed in runs.items():
         cells = []
         for task in tasks:
-            values = [float(np.mean(list(r["longctx"][task].values()))) for r in by_seed.values()
-                      if task in r.get("longctx", {})]
+            values = [float(np.mean(list(r.longctx[task].values()))) for r in by_seed.values()
+                      if task in (r.longctx or {})]
             cells.append(cell(t_interval(values, bounds=UNIT)) if values else MISSING)
         rows.append([method, *cells])
     return ("### Offline long-context tasks (mean score over lengths, 0-1)\n\n"
             + markdown_table(["method", *tasks], rows))
 
 
-def ablation_table(runs: Runs, outcomes: Sequence[Outcome]) -> str:
-    """Table 4 analog over the HeadScale variants: PPL at the longest length, passkey over all lengths,
+def ablation_table(runs: Runs, outcomes: Sequence[Outcome], rows: Mapping[str, str]) -> str:
+    """Table 4 analog over the methods the experiment file places beside a row of the paper's Table 4
+    (``rows``: method -> a key of ``paper.TABLE4``): PPL at the longest length, passkey over all lengths,
     long-context mean ("—" where not run), the paper's figures, and the degenerate-ablation notes the claims
     found."""
-    rows = []
+    table = []
     for method, by_seed in runs.items():
-        if not method.startswith("headscale"):
+        if method not in rows:
             continue
         first = next(iter(by_seed.values()))
-        longest = max(first.get("lengths") or [0])
-        ppl = exp_interval(log_ppl(by_seed, first["corpora"][0], longest)) if longest else None
-        longctx = [float(np.mean([np.mean(list(v.values())) for v in r["longctx"].values()]))
-                   for r in by_seed.values() if r.get("longctx")]
-        key = ("headscale w/o constraint" if "constraint" in method else "headscale w/o init" if "init" in method
-               else "headscale")
-        ref = paper.TABLE4[key]
-        rows.append([method, cell(ppl, paper.fmt), cell(passkey_interval(by_seed, None)),
-                     cell(t_interval(longctx, bounds=UNIT)) if longctx else MISSING,
-                     f"{ref['pg19']} / {ref['passkey']}% / {ref['longbench']}"])
-    if not rows:
+        longest = max(first.lengths or [0])
+        ppl = exp_interval(log_ppl(by_seed, first.corpora[0], longest)) if longest else None
+        longctx = [float(np.mean([np.mean(list(v.values())) for v in r.longctx.values()]))
+                   for r in by_seed.values() if r.longctx]
+        ref = paper.TABLE4[rows[method]]
+        table.append([method, cell(ppl, paper.fmt), cell(passkey_interval(by_seed, None)),
+                      cell(t_interval(longctx, bounds=UNIT)) if longctx else MISSING,
+                      f"{ref['pg19']} / {ref['passkey']}% / {ref['longbench']}"])
+    if not table:
         return ""
     notes = [o.reason for o in outcomes if o.verdict == "untestable" and "degenerate" in o.reason]
     return ("### HeadScale ablations (Table 4 analog)\n\n"
             + markdown_table(["method", "PPL @ longest", "passkey (all lengths)", "long-context",
-                              "paper PPL@16K / passkey / LongBench"], rows)
+                              "paper PPL@16K / passkey / LongBench"], table)
             + "".join(f"\n\nNote: {n}." for n in notes))
 
 
-def search_section(method: str, by_seed: dict) -> str:
+def search_section(method: str, by_seed: Mapping[int | None, ScaleSearchResult]) -> str:
     """Per seed: the best lambda per target with its bootstrap interval, edge flags, and the fit."""
     rows = []
     for seed, summary in by_seed.items():
-        intervals = summary.get("intervals", {})
-        best = ", ".join(f"{n}: {lam:g}" + (f" [{intervals['best'][n][0]:g}, {intervals['best'][n][1]:g}]"
-                                            if n in intervals.get("best", {}) else "")
-                         + (" (grid edge)" if summary.get("best_on_grid_edge", {}).get(n) else "")
-                         for n, lam in summary["best"].items())
-        fit, fit_iv = summary["fit"], intervals.get("fit", {})
-        a, r2 = (cell(Interval(fit[k], *fit_iv.get(k, (math.nan, math.nan))), f"{{:.{digits}f}}".format)
-                 for k, digits in (("a", 3), ("r2", 2)))
+        intervals, unknown = summary.intervals, (math.nan, math.nan)
+        best = ", ".join(f"{n}: {lam:g}" + (f" [{intervals.best[n][0]:g}, {intervals.best[n][1]:g}]"
+                                            if n in intervals.best else "")
+                         + (" (grid edge)" if summary.best_on_grid_edge.get(n) else "")
+                         for n, lam in summary.best.items())
+        a, r2 = (cell(Interval(value, *(interval or unknown)), f"{{:.{digits}f}}".format)
+                 for value, interval, digits in ((summary.fit.a, intervals.a, 3), (summary.fit.r2, intervals.r2, 2)))
         rows.append([MISSING if seed is None else seed, best, a, r2])
     first = next(iter(by_seed.values()))
-    return (f"### Uniform-scale search ({method}; chosen on the {first.get('split', 'val')} split, grid "
-            f"{first.get('grid')}, 95 % bootstrap intervals over validation windows)\n\n"
+    return (f"### Uniform-scale search ({method}; chosen on the {first.split} split, grid "
+            f"{list(first.grid)}, 95 % bootstrap intervals over validation windows)\n\n"
             + markdown_table(["seed", "best lambda per target (units of 1/sqrt(d))", "fit a of 1 + a ln s",
                               "R^2"], rows)
             + "\n\nPaper: a = 0.301, R^2 = 0.995 at 10K steps; a = 0.397, R^2 = 0.977 at 50K steps.")

@@ -266,8 +266,9 @@ def log_json(cfg: TrackingConfig, run_id: str, obj: Any, artifact_file: str) -> 
 
 
 def step_records(cfg: TrackingConfig, pipeline_run: str) -> dict[str, dict]:
-    """``instance id -> record`` of the steps a pipeline run finished (its ``steps/<id>.json`` artifacts: id,
-    stage, seed, config hash and the step's result, whose ``run_id`` names the run the step trained or used)."""
+    """``instance id -> record`` of the steps a pipeline run finished or reused (its ``steps/<id>.json``
+    artifacts: id, ``tags`` (its ``RunKey``), step hash, the step's result, whose ``run_id`` names the run the
+    step trained or used, and ``reused_from``: the pipeline run it ran under, when that is another)."""
     records = {}
     for artifact in client(cfg).list_artifacts(pipeline_run, "steps"):
         record = json.loads(download(cfg, pipeline_run, artifact.path).read_text())

@@ -4,6 +4,7 @@ paired statistics against a direct computation."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 from nope_lightning.claims import Outcome, evaluate_claim, verdict
 from nope_lightning.paper import CLAIMS_BY_ID, Claim
+from nope_lightning.results import Curve, EvaluationResult, ScaleSearchResult
 from nope_lightning.stats import Interval
 from nope_lightning.tables import BIASED, BIASED_NOTE, claims_table, paired_table
 
@@ -27,8 +29,12 @@ def windows(nll_per_target: dict[int, np.ndarray]) -> dict:
 
 
 def evaluation(nll: dict[int, np.ndarray], passkey: dict[int, list[bool]] | None = None,
-               table: list | None = None, octaves: tuple[np.ndarray, np.ndarray] | None = None) -> dict:
-    result = {"corpora": ["kjv"], "train_len": L, "setting": "test", "windows": {"kjv": windows(nll)}}
+               table: list | None = None, octaves: tuple[np.ndarray, np.ndarray] | None = None,
+               lengths: tuple[int, ...] = ()) -> EvaluationResult:
+    """An evaluate result, read from the on-disk form written before results had a version (the legacy
+    reader is what reads it)."""
+    result = {"corpora": ["kjv"], "train_len": L, "setting": "test", "windows": {"kjv": windows(nll)},
+              "lengths": list(lengths)}
     if passkey is not None:
         samples = [[m * L, 0.0, str(10000 + i), ok] for m, outcomes in passkey.items() for i, ok in enumerate(outcomes)]
         result["passkey"] = {"samples": samples, "by_length": {str(m * L): float(np.mean(o))
@@ -41,7 +47,7 @@ def evaluation(nll: dict[int, np.ndarray], passkey: dict[int, list[bool]] | None
         result["position"] = {"octaves": [[0, L], [L, 2 * L], [2 * L, 4 * L], [4 * L, 8 * L]],
                               "octave_logppl": {"kjv": {"windows": (logppl * widths).tolist()}},
                               "octave_entropy": {"windows": (entropy * widths).tolist()}}
-    return result
+    return EvaluationResult.from_dict(result)
 
 
 def base_nll(seed: int) -> np.ndarray:
@@ -141,7 +147,8 @@ def test_an_ablation_that_converged_to_the_full_tables_is_untestable():
             "headscale 4x w/o init": {1: evaluation({1: base_nll(1)}, {1: [False] * 100}, [[1.2, 1.3], [1.1, 1.005]])}}
     degenerate = evaluate_claim(claim, runs, RESAMPLES)
     assert degenerate.verdict == "untestable" and "degenerate" in degenerate.reason
-    runs["headscale 4x w/o init"][1]["temperature_table"] = [[1.0, 1.0], [1.0, 1.0]]
+    runs["headscale 4x w/o init"][1] = dataclasses.replace(runs["headscale 4x w/o init"][1],
+                                                           temperature_table=[[1.0, 1.0], [1.0, 1.0]])
     assert evaluate_claim(claim, runs, RESAMPLES).verdict == "reproduced"
 
 
@@ -157,19 +164,22 @@ def test_entropy_correlation_over_the_nope_family():
     outcome = evaluate_claim(claim, runs, RESAMPLES)
     assert outcome.interval.estimate == pytest.approx(1.0) and outcome.verdict == "reproduced"
     for i, method in enumerate(claim.methods[:5]):  # reversed: a distracted model is not what the claim says
-        position = runs[method][1]["position"]["octave_logppl"]["kjv"]
-        position["windows"] = (np.asarray(position["windows"]) * (1 - 0.05 * i)).tolist()
+        position = runs[method][1].position
+        scaled = Curve([], [], [], (np.asarray(position.primary.windows) * (1 - 0.05 * i)).tolist())
+        runs[method][1] = dataclasses.replace(runs[method][1], position=dataclasses.replace(
+            position, octave_logppl={"kjv": scaled}))
     assert evaluate_claim(claim, runs, RESAMPLES).verdict == "not reproduced"
 
 
-def search_summary(best_at: dict[int, float], grid=(0.8, 1.0, 1.2, 1.4, 1.6)) -> dict:
+def search_summary(best_at: dict[int, float], grid=(0.8, 1.0, 1.2, 1.4, 1.6)) -> ScaleSearchResult:
     """A scale-search summary whose validation NLL is lowest at ``best_at[multiple]`` (a parabola in lambda)."""
     nll = base_nll(9)
     samples = {"doc": [i // 40 for i in range(WINDOWS)], "edges": [0, 128, 256],
                "windows": {str(m * L): [np.stack([(nll + (lam - best) ** 2) * S, np.full(WINDOWS, S)], 1).tolist()
                                         for lam in grid] for m, best in best_at.items()},
                "position": [np.zeros((8, 2)).tolist() for _ in grid]}
-    return {"train_len": L, "trials": [{"lambda": lam} for lam in grid], "samples": samples}
+    return ScaleSearchResult.from_dict({"train_len": L, "best": {}, "trials": [{"lambda": lam} for lam in grid],
+                                        "samples": samples})
 
 
 def test_best_temperature_claims_read_the_search():
@@ -230,12 +240,12 @@ def test_the_paired_table_compares_every_method_with_nope_on_the_same_windows_an
     for s in (1, 2, 3):
         nope = base_nll(s)
         keys = {1: [True] * 8 + [False] * 2, 2: [False] * 10}
-        runs["nope"][s] = {**evaluation({1: nope, 2: nope + 0.3}, keys), "lengths": [L, 2 * L]}
-        runs["scaled"][s] = {**evaluation({1: nope, 2: nope + 0.1 + noise(s, 0.05)},
-                                          {1: keys[1], 2: [True] * 5 + [False] * 5}), "lengths": [L, 2 * L]}
+        runs["nope"][s] = evaluation({1: nope, 2: nope + 0.3}, keys, lengths=(L, 2 * L))
+        runs["scaled"][s] = evaluation({1: nope, 2: nope + 0.1 + noise(s, 0.05)},
+                                       {1: keys[1], 2: [True] * 5 + [False] * 5}, lengths=(L, 2 * L))
         if s < 3:
-            runs["two seeds only"][s] = {**evaluation({1: nope + 0.05, 2: nope + 0.3}), "lengths": [L, 2 * L]}
-    table = paired_table(runs, RESAMPLES)
+            runs["two seeds only"][s] = evaluation({1: nope + 0.05, 2: nope + 0.3}, lengths=(L, 2 * L))
+    table = paired_table(runs, RESAMPLES, "nope")
     header, _, *rows = [line for line in table.splitlines() if line.startswith("|")]
     assert header == "| method | Δ log-PPL 1x | Δ log-PPL 2x | Δ passkey 1x | Δ passkey 2x |"
     cells = {row.split(" | ")[0].lstrip("| "): row.rstrip(" |").split(" | ")[1:] for row in rows}

@@ -29,6 +29,7 @@ from nope_lightning.config import (
 )
 from nope_lightning.extension import load_extended
 from nope_lightning.model import count_parameters, set_temperatures, temperatures
+from nope_lightning.results import HeadScaleResult
 from nope_lightning.stages import headscale
 from nope_lightning.stages.headscale_search import HeadScaleSearchConfig
 from nope_lightning.stages.headscale_search import run as run_search
@@ -117,10 +118,10 @@ def test_only_the_temperatures_train_and_the_table_reloads(tiny_pretrained, tmp_
     artifacts = {a.path for folder in (None, "headscale", "plots") for a in client.list_artifacts(run.info.run_id, folder)}
     assert {"headscale/lambda.safetensors", "headscale/lambda.json", "headscale.json",
             "plots/entropy_vs_lambda.png"} <= artifacts
-    summary = json.loads(tracking.download(store, run.info.run_id, "headscale.json").read_text())
-    assert summary["constraint"] is True and summary["init"]["lambda"] == 1.0
-    assert summary["val_loss"] == pytest.approx(result[f"val/len{TARGET}/loss"])
-    assert len(summary["converged_entropy"]["per_head"]) == n_layer
+    summary = HeadScaleResult.load(tracking.download(store, run.info.run_id, "headscale.json"))
+    assert summary.constraint is True and (summary.symbol, summary.init_value) == ("lambda", 1.0)
+    assert summary.val_loss == pytest.approx(result[f"val/len{TARGET}/loss"])
+    assert len(summary.converged_entropy.per_head) == n_layer
 
 
 @pytest.mark.parametrize("constraint", [True, False])
@@ -157,7 +158,7 @@ def test_init_search_reads_a_scale_search_result(export, store, tmp_path):
         cfg = HeadScaleConfig(checkpoint=export, target_len=TARGET, init="search", scale_search=ref, tracking=store)
         assert headscale.initial_value(cfg, loaded) == 1.35
     cfg = HeadScaleConfig(checkpoint=export, target_len=512, init="search", scale_search=str(path))
-    with pytest.raises(ValueError, match=r"no result for target_len=512 \(it has \['128', '256'\]\)"):
+    with pytest.raises(ValueError, match=r"no result for target_len=512 \(it has \[128, 256\]\)"):
         headscale.initial_value(cfg, loaded)
     path.write_text(json.dumps({**result, "model_fingerprint": "0" * 64}))
     with pytest.raises(ValueError, match="was run on another model"):

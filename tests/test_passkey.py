@@ -5,15 +5,8 @@ import re
 
 import pytest
 
-from nope_lightning.eval.passkey import (
-    DEFAULT_DEPTHS,
-    FILLER,
-    QUESTION,
-    TASK_LINE,
-    make_passkey_samples,
-    passkey_accuracy,
-    score_passkey,
-)
+from nope_lightning.data.passkey import DEFAULT_DEPTHS, FILLER, QUESTION, TASK_LINE, make_passkey_samples
+from nope_lightning.eval.passkey import passkey_accuracy, score_passkey
 from tests.helpers import WORDS, HFTokenizer, WhitespaceTokenizer
 
 

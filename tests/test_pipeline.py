@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from nope_lightning.config import PipelineStep
-from nope_lightning.run import run_stage, stage_config
-from nope_lightning.steps import Instance, substitute
+from nope_lightning.config import PipelineStep, load_config
+from nope_lightning.run import get_stage, run_stage, stage_config
+from nope_lightning.runkey import RunKey
+from nope_lightning.steps import Instance, expand, step_config, step_hash, substitute
 from tests.conftest import REPO
 
 PIPELINE = str(REPO / "experiments/tiny.yaml")
@@ -116,6 +117,7 @@ def test_killed_pipeline_leaves_no_process_and_resumes_to_the_same_results(full_
                              env={**os.environ, "NOPE_LIGHTNING_RESULT": str(result_file)})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "[1/7] pretrain pretrain_nope: already done, skipped" in resumed.stderr
+    assert "exists and is not empty" not in resumed.stderr  # the resumed pretrain's folder is its own
     checkpoints = sorted(p.name for p in (tmp_path / "mlruns/checkpoints/pretrain/rope-tiny/checkpoints").iterdir())
     assert checkpoints == ["last.ckpt", "step000010.ckpt", "step000020.ckpt", "step000030.ckpt"]  # one writer
     run_id = json.loads(result_file.read_text())["run_id"]
@@ -165,6 +167,22 @@ def test_references_name_their_problem():
         substitute("@{a.model}", here, results)
 
 
+def test_a_run_key_reads_back_from_the_tags_it_writes():
+    key = Instance(PipelineStep(id="eval_nope", stage="evaluate", label="nope"), 7, (("n_layer", "2"),)).key
+    assert key.tags() == {"method": "nope", "stage": "evaluate", "step_id": "eval_nope",
+                          "pipeline_step": "eval_nope[n_layer=2,seed=7]", "seed": "7", "matrix.n_layer": "2"}
+    assert RunKey.from_tags(key.tags()) == key
+    assert RunKey.from_tags({"stage": "evaluate"}, name="a run no pipeline tagged") == RunKey(
+        "a run no pipeline tagged", stage="evaluate")
+
+
+def test_a_step_hash_is_the_same_under_any_pipeline_run_and_tells_configs_apart(tracking_overrides):
+    cfg = stage_config("pipeline", PIPELINE, [*tracking_overrides, "seeds=[0,1]"])
+    first, second = expand(cfg)[0], expand(cfg)[7]  # pretrain_nope at seeds 0 and 1
+    assert step_hash(step_config(first, cfg, {}, "parent-a")) == step_hash(step_config(first, cfg, {}, "parent-b"))
+    assert step_hash(step_config(first, cfg, {}, "parent-a")) != step_hash(step_config(second, cfg, {}, "parent-a"))
+
+
 @pytest.fixture(scope="module")
 def two_seeds(tmp_path_factory, data_cache) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("pipeline_seeds")
@@ -198,25 +216,112 @@ def test_two_seeds_give_per_seed_runs_and_a_report_pooled_with_intervals(two_see
     assert "(per seed: " in claims
 
 
-def test_a_report_shows_the_runs_its_steps_reused_from_another_pipeline(two_seeds, data_cache, tmp_path):
-    """A second pipeline that finds seed 5's finished model by name starts no pretrain child of its own; its report
-    still lists that model's recipe (the run comes from the pipeline's step records)."""
+def test_extending_seeds_runs_only_the_new_seeds_steps(two_seeds, data_cache, tmp_path, capfd):
+    """Another pipeline (a smaller file, seeds 5 and 7) over the store where seeds 5 and 6 ran: seed 5's steps are
+    found finished by their hash and reused — no run started, none duplicated — and only seed 7's run; the report
+    still lists seed 5's model, placed by this pipeline's step records."""
     import yaml
     from mlflow.tracking import MlflowClient
 
-    root, _ = two_seeds
+    root, first = two_seeds
     tiny = yaml.safe_load(Path(PIPELINE).read_text())
     steps = [s for s in tiny["steps"] if s["id"] in ("pretrain_nope", "eval_nope")]
     path = tmp_path / "reuse.yaml"
     path.write_text(yaml.safe_dump({"name": "reuse", "steps": steps}))
     os.chdir(root)
     try:
-        result = run_stage("pipeline", stage_config("pipeline", str(path), [*store(root, data_cache), "seeds=[5]"]))
+        result = run_stage("pipeline", stage_config("pipeline", str(path), [*store(root, data_cache), "seeds=[5,7]"]))
     finally:
         os.chdir(REPO)
+    err = capfd.readouterr().err
+    assert err.count(f"finished under pipeline run {first['run_id']}, reused") == 2
+    assert "eval_nope[seed=5]: running" not in err and "eval_nope[seed=7]: running" in err
     client = MlflowClient(f"sqlite:///{root}/mlflow.db")
     exp = client.get_run(result["run_id"]).info.experiment_id
     children = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{result['run_id']}'")
-    assert {r.data.tags.get("stage") for r in children} == {"evaluate"}  # the model was reused, not retrained
+    assert sorted(r.data.tags["pipeline_step"] for r in children) == ["eval_nope[seed=7]", "pretrain_nope[seed=7]"]
+    evaluations = client.search_runs([exp], filter_string="tags.method = 'nope'")
+    assert sorted(r.data.tags["seed"] for r in evaluations) == ["5", "6", "7"]  # one per (method, seed)
+    records = {r["id"]: r for r in (json.loads(Path(client.download_artifacts(result["run_id"], a.path)).read_text())
+                                    for a in client.list_artifacts(result["run_id"], "steps"))}
+    original = json.loads(Path(client.download_artifacts(first["run_id"], "steps/eval_nope[seed=5].json")).read_text())
+    assert records["eval_nope[seed=5]"]["result"] == original["result"]  # the same run, the same metrics
     recipe = Path(result["report"]).read_text().split("### Pre-training recipe of the models above")[1]
     assert "| nope-tiny[seed=5] | nope | False | 2 | 64 |" in recipe
+
+
+def test_declared_results_are_what_the_stages_return(full_run):
+    """Every stage the tiny pipeline ran returned exactly the results its declaration names, of their kinds."""
+    from mlflow.tracking import MlflowClient
+
+    root, result = full_run
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    for artifact in client.list_artifacts(result["run_id"], "steps"):
+        record = json.loads(Path(client.download_artifacts(result["run_id"], artifact.path)).read_text())
+        stage = get_stage(record["tags"]["stage"])
+        run_id = record["result"]["run_id"]
+        cfg = load_config(stage.config_class(), client.download_artifacts(run_id, "config.yaml"))
+        assert_declared(stage.result_keys(cfg, 64), record["result"], record["id"])
+
+
+def test_the_other_stages_return_what_they_declare(full_run, data_cache, tmp_path):
+    """The stages the tiny pipeline does not run, on its models (found finished by their hash: nothing is
+    retrained), the pipeline and the report: each returns exactly what it declares. Prepare and headscale-search
+    run on their own: a pipeline step always gets ``tracking.*``, which their configs do not have at the top."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    root, first = full_run
+    on = {"nope": "runs:/@{pretrain_nope.run_id}/model", "rope": "runs:/@{pretrain_rope.run_id}/model"}
+    steps = [s for s in yaml.safe_load(Path(PIPELINE).read_text())["steps"] if s["id"].startswith("pretrain")] + [
+        {"id": "headscale", "stage": "headscale", "config": "conf/headscale/tiny.yaml",
+         "overrides": [f"checkpoint={on['nope']}", "steps=2", "optim.warmup_steps=1", "entropy_windows=0"]},
+        {"id": "finetune", "stage": "finetune", "config": "conf/finetune/tiny.yaml",
+         "overrides": [f"checkpoint={on['rope']}", "steps=2"]},
+        {"id": "synthetic", "stage": "synthetic", "config": "conf/synthetic/tiny.yaml"}]
+    path = tmp_path / "stages.yaml"
+    path.write_text(yaml.safe_dump({"name": "stages", "steps": steps, "report": False}))
+    tracked = store(root, "")[:2]
+    alone = {"prepare": ["data.corpus=tiny", "data.vocab_size=512", f"data.cache_dir={data_cache}"],
+             "headscale-search": [f"base.checkpoint=runs:/{first_step(root, first, 'pretrain_nope')}/model",
+                                  "base.target_len=128", "base.init=default", "base.steps=2", "base.batch_size=2", "base.optim.warmup_steps=1",
+                                  "base.trainer.val_batches=1", "base.trainer.progress_bar=false",
+                                  "base.entropy_windows=0", *(f"base.{t}" for t in tracked), "num_trials=1",
+                                  "val_every_n_steps=1"],
+             "report": [f"run={first['run_id']}", *tracked]}
+    os.chdir(root)
+    try:
+        cfg = stage_config("pipeline", str(path), store(root, data_cache))
+        result = run_stage("pipeline", cfg)
+        for stage, overrides in alone.items():
+            stage_cfg = stage_config(stage, None, overrides)
+            assert_declared(get_stage(stage).result_keys(stage_cfg), run_stage(stage, stage_cfg), stage)
+    finally:
+        os.chdir(REPO)
+    assert_declared(get_stage("pipeline").result_keys(cfg), result, "pipeline")
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    records = [json.loads(Path(client.download_artifacts(result["run_id"], a.path)).read_text())
+               for a in client.list_artifacts(result["run_id"], "steps")]
+    assert {r["id"] for r in records if "reused_from" in r} == {"pretrain_nope", "pretrain_rope"}
+    for record in records:
+        step = next(s for s in cfg.steps if s.id == record["id"])
+        overrides = [o.replace("@{pretrain_nope.run_id}", "x").replace("@{pretrain_rope.run_id}", "x")
+                     for o in step.overrides]
+        stage_cfg = stage_config(step.stage, step.config or None, overrides)
+        assert_declared(get_stage(step.stage).result_keys(stage_cfg, 64), record["result"], record["id"])
+
+
+def first_step(root: Path, result: dict, step: str) -> str:
+    """The run id of the pipeline run's step ``step``, from its step record."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{root}/mlflow.db")
+    return json.loads(Path(client.download_artifacts(result["run_id"], f"steps/{step}.json")).read_text())[
+        "result"]["run_id"]
+
+
+def assert_declared(declared: dict[str, type] | None, result: dict, where: str) -> None:
+    """``result`` has exactly the names ``declared``, each of its kind (an int stands for a float)."""
+    assert declared is not None and set(declared) == set(result), (where, set(declared or ()) ^ set(result))
+    for name, kind in declared.items():
+        assert isinstance(result[name], kind) or (kind is float and isinstance(result[name], int)), (where, name)

@@ -34,6 +34,7 @@ from nope_lightning.model.temperature import (
     set_log_slopes,
     ssmax_init,
 )
+from nope_lightning.results import HeadScaleResult, LogFit, ScaleSearchResult
 from nope_lightning.stages.headscale import LOG, HeadScaleLM
 from nope_lightning.training.module import lm_loss
 from tests.conftest import REPO
@@ -225,7 +226,8 @@ def extension(**temperature) -> ExtensionConfig:
 
 
 def search_result(path, fingerprint: str, a: float) -> str:
-    path.write_text(json.dumps({"model_fingerprint": fingerprint, "fit": {"a": a, "r2": 0.9}}))
+    path.write_text(json.dumps({"model_fingerprint": fingerprint, "train_len": 64, "best": {},
+                                "fit": {"a": a, "r2": 0.9}}))
     return str(path)
 
 
@@ -309,7 +311,8 @@ def test_bad_input_is_one_line_error(export, tmp_path):
     one_line_error(lambda: load_extended(export, extension(log_slope_fit=other), tracking), "another model")
     negative = search_result(tmp_path / "negative.json", fingerprint, -0.2)
     one_line_error(lambda: load_extended(export, extension(log_slope_fit=negative), tracking), "a >= 0")
-    one_line_error(lambda: fitted_slope({"model_fingerprint": "f", "fit": {"a": math.nan}}, "ref"), "no fit a")
+    one_line_error(lambda: fitted_slope(ScaleSearchResult(64, {}, model_fingerprint="f", fit=LogFit()), "ref"),
+                   "no fit a")
     save_table(tmp_path / "neg.safetensors", -SLOPES - 0.1, kind=LOG_SLOPE)
     negative_table = AttentionTemperature(log_slope_table=str(tmp_path / "neg.safetensors"))
     one_line_error(lambda: load_model(export, tracking, temperature=negative_table), ">= 0")
@@ -362,5 +365,6 @@ def test_headscale_log_stage_trains_slopes_that_evaluate_reloads(tiny_pretrained
         assert torch.equal(reloaded(probe), recorder.logits)
         inside = probe[:, :base.train_len]
         assert torch.equal(reloaded(inside), base.eval()(inside))
-    summary = json.loads(tracking.download(store, result["run_id"], "headscale.json").read_text())
-    assert summary["log_scale"] == recorder.tables[-1].tolist() and summary["init"]["a"] == 0.5
+    summary = HeadScaleResult.load(tracking.download(store, result["run_id"], "headscale.json"))
+    assert summary.table_key == "log_scale" and summary.table == recorder.tables[-1].tolist()
+    assert (summary.symbol, summary.init_value) == ("a", 0.5)

@@ -8,8 +8,8 @@ import pytest
 from nope_lightning.config import DataConfig, PretrainConfig, load_config
 from nope_lightning.data import prepare
 from nope_lightning.data.datamodule import sample_batch
+from nope_lightning.data.passkey import QUESTION, PasskeyPromptBuilder
 from nope_lightning.data.retrieval import MIN_HAYSTACK, RetrievalMix
-from nope_lightning.eval.passkey import QUESTION, PasskeyPromptBuilder
 
 SEQ = 128
 

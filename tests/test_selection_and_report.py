@@ -5,25 +5,31 @@ from __future__ import annotations
 
 import math
 import re
+from html.parser import HTMLParser
 from types import SimpleNamespace
 
 import pytest
 
-from nope_lightning.claims import evaluate_claim
-from nope_lightning.config import ScaleSearchConfig, load_config
+from nope_lightning.claims import Outcome, evaluate_claim
+from nope_lightning.config import PipelineConfig, PipelineStep, ScaleSearchConfig, load_config
 from nope_lightning.eval.summary import octaves
-from nope_lightning.paper import CLAIMS_BY_ID
+from nope_lightning.paper import CLAIMS_BY_ID, TABLE4
+from nope_lightning.results import EvaluationResult, ScaleSearchResult
+from nope_lightning.stages.report import report_html
 from nope_lightning.stages.scale_search import trial_config
-from nope_lightning.stats import t_interval, wilson
+from nope_lightning.stats import Interval, t_interval, wilson
 from nope_lightning.tables import (
     MISSING,
     RECIPE_KEYS,
+    Methods,
     ablation_table,
+    claims_table,
     passkey_table,
     ppl_tables,
     recipe_section,
     search_section,
 )
+from tests.conftest import REPO
 
 
 def test_the_default_grid_reaches_below_one_and_must_contain_it():
@@ -47,21 +53,26 @@ def test_octaves_are_the_ranges_past_L():
     assert octaves(100, 250) == [(0, 100), (100, 200), (200, 250)]  # the last one cut at the longest window
 
 
-def run_result(nll: float, lengths=(100, 200), passkey: list[bool] | None = None) -> dict:
+def run_result(nll: float, lengths=(100, 200), passkey: list[bool] | None = None,
+               table: list | None = None) -> EvaluationResult:
     """An evaluate ``results.json`` as the tables read it (one corpus, per-length NLL with its interval)."""
     out = {"train_len": 100, "split": "test", "stride": 12, "lengths": list(lengths), "corpora": ["kjv"],
            "ppl": {"kjv": {str(n): {"nll": nll + n / 1000, "nll_low": nll + n / 1000 - 0.05,
-                                    "nll_high": nll + n / 1000 + 0.05, "ppl": math.exp(nll + n / 1000)}
+                                    "nll_high": nll + n / 1000 + 0.05, "ppl": math.exp(nll + n / 1000),
+                                    "tokens": 1000}
                            for n in lengths}}}
     if passkey is not None:
-        out["passkey"] = {"prompt": "compact", "samples": [[100, 0.0, str(i), ok] for i, ok in enumerate(passkey)]}
-    return out
+        out["passkey"] = {"prompt": "compact", "samples": [[100, 0.0, str(i), ok] for i, ok in enumerate(passkey)],
+                          "by_length": {"100": sum(passkey) / len(passkey)}}
+    if table is not None:
+        out["temperature_table"] = table
+    return EvaluationResult.from_dict(out)
 
 
 def test_tables_show_intervals_seed_counts_and_a_dash_for_what_did_not_run():
     one_seed = {"nope": {None: run_result(3.0, passkey=[True, True, False, False])},
                 "rope": {None: run_result(2.9, lengths=(100,))}}
-    text = ppl_tables(one_seed)
+    text = ppl_tables(one_seed, {})
     assert "1 seed: [95 % interval of the run" in text
     assert f"| nope | {math.exp(3.1):.1f} [{math.exp(3.05):.1f}, {math.exp(3.15):.1f}] |" in text
     assert text.split("| rope |")[1].split("|")[1].strip() == "—"  # rope was not run at 2x
@@ -71,25 +82,22 @@ def test_tables_show_intervals_seed_counts_and_a_dash_for_what_did_not_run():
     three = {"nope": {s: run_result(3.0 + 0.01 * s) for s in (1, 2, 3)}}
     interval = t_interval([3.0 + 0.01 * s + 0.1 for s in (1, 2, 3)])
     assert (f"{math.exp(interval.estimate):.1f} [{math.exp(interval.low):.1f}, {math.exp(interval.high):.1f}]"
-            in ppl_tables(three))
-    assert "3 seeds: mean over seeds, [95 % t interval across seeds]" in ppl_tables(three)
+            in ppl_tables(three, {}))
+    assert "3 seeds: mean over seeds, [95 % t interval across seeds]" in ppl_tables(three, {})
 
 
 def test_a_degenerate_ablation_is_noted_and_an_edge_optimum_flagged():
     table = [[1.2, 1.3]]
-    runs = {"headscale 4x": {None: {**run_result(3.0, lengths=(400,)), "temperature_table": table,
-                                    "passkey": {"samples": [[100, 0.0, "1", True]] * 10,
-                                                "by_length": {"100": 1.0}}}},
-            "headscale 4x w/o init": {None: {**run_result(3.0, lengths=(400,)), "temperature_table": table,
-                                             "passkey": {"samples": [[100, 0.0, "1", True]] * 10,
-                                                         "by_length": {"100": 1.0}}}}}
+    runs = {"headscale 4x": {None: run_result(3.0, lengths=(400,), passkey=[True] * 10, table=table)},
+            "headscale 4x w/o init": {None: run_result(3.0, lengths=(400,), passkey=[True] * 10, table=table)}}
     outcome = evaluate_claim(CLAIMS_BY_ID["no_init_loses_retrieval"], runs, 200)
     assert outcome.verdict == "untestable"
-    text = ablation_table(runs, [outcome])
+    text = ablation_table(runs, [outcome], {"headscale 4x": "headscale", "headscale 4x w/o init": "headscale w/o init"})
     assert "Note: headscale 4x w/o init's temperature table is within 0.01 of headscale 4x's" in text
-    search = {"best": {"256": 1.0, "512": 2.0}, "best_on_grid_edge": {"256": False, "512": True},
-              "grid": [0.8, 2.0], "split": "val", "fit": {"a": 0.1, "r2": 0.5},
-              "intervals": {"best": {"256": [1.0, 1.2], "512": [1.8, 2.0]}, "fit": {"a": [0.05, 0.2], "r2": [0.1, 0.7]}}}
+    search = ScaleSearchResult.from_dict(
+        {"train_len": 128, "best": {"256": 1.0, "512": 2.0}, "best_on_grid_edge": {"256": False, "512": True},
+         "grid": [0.8, 2.0], "split": "val", "fit": {"a": 0.1, "r2": 0.5},
+         "intervals": {"best": {"256": [1.0, 1.2], "512": [1.8, 2.0]}, "fit": {"a": [0.05, 0.2], "r2": [0.1, 0.7]}}})
     text = search_section("search_nope", {1234: search})
     assert "chosen on the val split" in text and "512: 2 [1.8, 2] (grid edge)" in text
     assert "256: 1 [1, 1.2]," in text and "0.100 [0.050, 0.200]" in text
@@ -133,3 +141,62 @@ def test_the_recipe_table_shows_an_unset_setting_as_not_set():
     assert cells[1 + RECIPE_KEYS.index("tokens_per_parameter")] == MISSING
     assert cells[1 + RECIPE_KEYS.index("trainer.max_steps")] == "2750"
     assert cells[1 + RECIPE_KEYS.index("seed")] == MISSING and "None" not in row
+
+
+def test_a_method_sits_beside_the_paper_row_its_experiment_file_names_and_no_other():
+    # small_temperature's HeadScale-log is no Table 4 method: before rows were data, its label's substring
+    # "headscale" put it beside the paper's HeadScale row (30.4 / 81 % / 17.0).
+    cfg = load_config(PipelineConfig, REPO / "experiments/small_temperature.yaml")
+    runs = {"nope": {None: run_result(3.0, lengths=(400,))}, "headscale-log 4x": {None: run_result(3.1, lengths=(400,))}}
+    methods = Methods.of(cfg)
+    assert "headscale-log 4x" not in methods.paper_rows("table4")
+    assert ablation_table(runs, [], methods.paper_rows("table4")) == ""
+    beside = ablation_table(runs, [], {"headscale-log 4x": "headscale"})  # only where a file says so
+    paper_cell = f"{TABLE4['headscale']['pg19']} / {TABLE4['headscale']['passkey']}% / {TABLE4['headscale']['longbench']}"
+    assert paper_cell in beside
+    small = Methods.of(load_config(PipelineConfig, REPO / "experiments/small.yaml"))
+    assert small.paper_rows("table4") == {"headscale 4x": "headscale", "headscale 4x w/o init": "headscale w/o init",
+                                          "headscale 4x w/o constraint": "headscale w/o constraint"}
+    assert small.reference == "nope" and "rope" not in small.nope_family and "headscale 4x" in small.nope_family
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"paper": {"table4": "headscale log"}}, "paper 001's table4 has no row 'headscale log'"),
+    ({"paper": {"table9": "nope"}}, "paper 001 has no table 'table9'"),
+    ({"family": "nope-ish"}, "family='nope-ish': use one of nope"),
+])
+def test_an_unknown_paper_row_or_family_fails_at_load_with_one_line(change, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as err:
+        PipelineConfig(name="p", steps=[PipelineStep(id="eval_nope", stage="evaluate", label="nope", **change)])
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="reference='rope' is no step's label"):
+        PipelineConfig(name="p", reference="rope", steps=[PipelineStep(id="eval_nope", stage="evaluate", label="nope")])
+
+
+class _Cells(HTMLParser):
+    """The cell count of every row of every table in an HTML page, as a browser's parser sees them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[int]] = []
+
+    def handle_starttag(self, tag, attrs) -> None:
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append(0)
+        elif tag in ("td", "th"):
+            self.tables[-1][-1] += 1
+
+
+def test_a_cell_holding_a_pipe_renders_in_its_own_column_of_the_html_report(tmp_path):
+    within = CLAIMS_BY_ID["nope_matches_rope_in_distribution"]
+    assert "|" in within.rule  # |effect| <= ...
+    outcomes = [Outcome(within, "not reproduced", Interval(0.2, 0.19, 0.21, per_seed=(0.2, 0.21)), (1, 2)),
+                Outcome(CLAIMS_BY_ID["nope_degrades_later"], "not measured", reason="no run of 'rope'")]
+    page = report_html("# R\n\n" + claims_table(outcomes), tmp_path, "R")
+    parser = _Cells()
+    parser.feed(page)
+    (rows,) = parser.tables
+    assert len(rows) == 3 and set(rows) == {6}, rows  # header + 2 rows, each with the header's 6 cells
+    assert "<td>|effect| &lt;= 0.0953 nats</td>" in page

@@ -17,7 +17,8 @@ TINY = {
     "name": "tiny_sweep",
     "seeds": [1, 2],
     "matrix": {"n_layer": ["1", "2"], "tokens_per_parameter": ["0.05", "0.2"]},
-    "sweep": {"x": "tokens_per_parameter", "lines": "n_layer"},
+    "sweep": {"x": "tokens_per_parameter", "lines": "n_layer", "nope": "nope", "rope": "rope", "search": "search_nope",
+              "repaired": "nope lambda=best@2x"},
     "common": ["trainer.progress_bar=false", "ppl_tokens=256", "position_windows=6", "passkey_keys=0",
                "longctx_samples=0", "stride=8"],
     "steps": [

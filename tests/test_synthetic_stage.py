@@ -11,6 +11,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from nope_lightning.config import load_config
+from nope_lightning.results import BucketAccuracy
 from nope_lightning.stages import synthetic as stage
 from nope_lightning.stages import synthetic_grid
 from nope_lightning.synthetic import BOS, EOS, SEP, Example, Vocabulary, make_split
@@ -166,8 +167,8 @@ def test_bucket_accuracies_split_id_and_ood():
     examples = [Example([], [], [], length) for length in (1, 2, 2, 3, 4, 4)]
     correct = [True, True, False, True, False, False]
     buckets = stage.bucket_accuracies(examples, correct, train_max=2, width=2)
-    assert buckets == [{"bucket": "1-2", "split": "id", "n": 3, "acc": pytest.approx(2 / 3)},
-                       {"bucket": "3-4", "split": "ood", "n": 3, "acc": pytest.approx(1 / 3)}]
+    assert buckets == [BucketAccuracy("1-2", "id", 3, pytest.approx(2 / 3)),
+                       BucketAccuracy("3-4", "ood", 3, pytest.approx(1 / 3))]
 
 
 # --- end to end ----------------------------------------------------------------------------------------

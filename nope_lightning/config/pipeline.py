@@ -7,7 +7,14 @@ from dataclasses import dataclass, field
 
 from nope_lightning.config.core import check_bootstrap
 from nope_lightning.config.parts import TrackingConfig
-from nope_lightning.paper import CLAIMS_BY_ID
+from nope_lightning.paper import CLAIMS_BY_ID, row_problem
+
+#: The report's method families: ``nope`` is NoPE and its temperature repairs (drawn together in the report's
+#: NoPE figure; every other method is drawn in the baselines figure, beside the reference).
+FAMILIES = ("nope",)
+#: The methods the sweep's measures compare (``sweep.MEASURES``), by role: NoPE, RoPE, NoPE's scale search,
+#: and NoPE at the best uniform temperature for 2x. A sweep names the step label of each role it measures.
+SWEEP_ROLES = ("nope", "rope", "search", "repaired")
 
 
 @dataclass
@@ -17,7 +24,10 @@ class PipelineStep:
     matrix point's values as ``@{matrix.<key>}``; ``label`` names the method in the report. ``only`` limits the
     step to the matrix points whose values it lists (``{tokens_per_parameter: [4, 40]}``; empty: every point).
     ``subprocess`` runs the step as its own ``nope-lightning run`` process (needed for multi-process
-    strategies: Lightning's DDP/FSDP launcher re-executes the command line in every extra rank)."""
+    strategies: Lightning's DDP/FSDP launcher re-executes the command line in every extra rank). ``paper``: the
+    row of paper 001's tables the method is printed beside, per table (``{table2: nope lambda=1.5, table4:
+    headscale}``; ``paper.ROWS``), matched exactly; none: no paper column. ``family``: the method's family in
+    the report's figures (``FAMILIES``; empty: a baseline)."""
 
     id: str = ""
     stage: str = ""
@@ -26,6 +36,8 @@ class PipelineStep:
     label: str = ""
     subprocess: bool = False
     only: dict[str, list[str]] = field(default_factory=dict)
+    paper: dict[str, str] = field(default_factory=dict)
+    family: str = ""
 
 
 @dataclass
@@ -39,10 +51,14 @@ class PipelineConfig:
     used as ``@{matrix.<key>}`` in overrides), inside each replicate. Steps run replicate by replicate, point by
     point, in file order. ``claims``: ids of paper 001's claims (``paper.CLAIMS``) the report tests; each names
     the methods (step labels) it compares, which the file must run. ``bootstrap``: resamples behind every
-    interval of the report. ``sweep``: ``{x: <matrix key>, lines: <matrix key>}`` adds the report's sweep
-    section (measures per matrix point, plotted against ``x``, one line per value of ``lines``).
-    A step whose resolved config matches a finished step of the same pipeline run is skipped; a killed
-    pipeline resumes where it stopped. ``report`` runs the report stage at the end. ``dry_run`` runs nothing:
+    interval of the report. ``reference``: the step label every method is paired against in the report's paired
+    table (empty: no paired table). ``sweep``: ``{x: <matrix key>, lines: <matrix key>}`` adds the report's sweep
+    section (measures per matrix point, plotted against ``x``, one line per value of ``lines``), with the step
+    label of each ``SWEEP_ROLES`` method its measures compare (``nope: nope``, ...; a role left out is not
+    measured).
+    A finished step never runs twice: a step whose resolved config (less its parent run) matches a FINISHED step
+    of this or any other pipeline run in the store is skipped, and a reuse from another run is recorded on this
+    one (so adding a seed runs only that seed's steps); a killed pipeline resumes where it stopped. ``report`` runs the report stage at the end. ``dry_run`` runs nothing:
     it resolves and checks every step and prints the plan (``nope_lightning/plan.py``).
     """
 
@@ -53,6 +69,7 @@ class PipelineConfig:
     matrix: dict[str, list[str]] = field(default_factory=dict)
     claims: list[str] = field(default_factory=list)
     bootstrap: int = 1000
+    reference: str = ""
     sweep: dict[str, str] = field(default_factory=dict)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     report: bool = True
@@ -84,10 +101,41 @@ class PipelineConfig:
                 raise ValueError(f"matrix key {key!r}: a matrix needs identifier keys and distinct values "
                                  f"(got {values})")
         check_bootstrap("bootstrap", self.bootstrap)
-        if self.sweep and (set(self.sweep) != {"x", "lines"} or not set(self.sweep.values()) <= set(self.matrix)):
-            raise ValueError(f"sweep={self.sweep}: give sweep={{x: <matrix key>, lines: <matrix key>}} "
-                             f"(matrix keys: {', '.join(self.matrix) or 'none'})")
+        axes = {k: self.sweep.get(k) for k in ("x", "lines")}
+        if self.sweep and (None in axes.values() or not set(axes.values()) <= set(self.matrix)):
+            raise ValueError(f"sweep={self.sweep}: give sweep={{x: <matrix key>, lines: <matrix key>, <role>: "
+                             f"<step label>...}} (matrix keys: {', '.join(self.matrix) or 'none'})")
         self._check_claims()
+        self._check_labels()
+
+    def _check_labels(self) -> None:
+        """The report's label data names known things: paper rows, families, and step labels for the reference
+        and the sweep's roles; a label gives one method one place."""
+        methods: dict[str, PipelineStep] = {}
+        problems = []
+        for step in self.steps:
+            problems += [f"step {step.id!r}: paper={{{table}: {row}}}: {problem}" for table, row in step.paper.items()
+                         if (problem := row_problem(table, row))]
+            if step.family and step.family not in FAMILIES:
+                problems.append(f"step {step.id!r}: family={step.family!r}: use one of {', '.join(FAMILIES)} or none")
+            method = step.label or step.id
+            other = methods.setdefault(method, step)
+            if (other.paper, other.family) != (step.paper, step.family):
+                problems.append(f"steps {other.id!r} and {step.id!r} both label method {method!r} but give it "
+                                f"different paper rows or families; give them the same")
+        if self.reference and self.reference not in methods:
+            problems.append(f"reference={self.reference!r} is no step's label; name the method the paired table "
+                            f"compares with (a step label) or leave reference empty")
+        for role, method in self.sweep.items():
+            if role in ("x", "lines"):
+                continue
+            if role not in SWEEP_ROLES:
+                problems.append(f"sweep role {role!r} is unknown; roles: {', '.join(SWEEP_ROLES)}")
+            elif method not in methods:
+                problems.append(f"sweep {role}={method!r} is no step's label; name the step label of the {role} "
+                                f"method")
+        if problems:
+            raise ValueError("\n".join(problems))
 
     def _check_claims(self) -> None:
         """Every claim must be known and every method it compares must be run by a step of this file."""

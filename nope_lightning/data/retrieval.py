@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from nope_lightning.config import RETRIEVAL_FILLERS, RETRIEVAL_LENGTHS, RetrievalConfig
-from nope_lightning.eval.passkey import PasskeyPromptBuilder
+from nope_lightning.data.passkey import PasskeyPromptBuilder
 
 #: Fewest haystack tokens a retrieval sequence holds (else the "retrieval" is a copy from a few tokens back).
 MIN_HAYSTACK = 16

@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from nope_lightning.config import EvaluateConfig
+from nope_lightning.data.tokenizer import TextTokenizer
 from nope_lightning.eval.generate import greedy_generate
 from nope_lightning.eval.longbench_metrics import count_score, retrieval_score
-from nope_lightning.eval.passkey import TextTokenizer, score_passkey
+from nope_lightning.eval.passkey import score_passkey
 
 MAX_UNIT_WORDS = 50  # caps haystack pieces so needles can land anywhere, even in text without full stops
 #: Generation budget (new tokens) of each task's answer; variable tracking's grows with its hops.
@@ -350,9 +351,10 @@ def task_samples(tokenizer: TextTokenizer, documents: list[str], lengths: list[i
     return {"samples": tasks, "skipped": skipped}
 
 
-def run_tasks(model, tokenizer, tasks: dict, cfg: EvaluateConfig) -> tuple[dict, dict[str, float]]:
-    """Greedy answers to the long-context samples: ``(results, metrics)`` with the mean score in [0, 1] per
-    task x length."""
+def run_tasks(model, tokenizer, tasks: dict,
+              cfg: EvaluateConfig) -> tuple[dict[str, dict[int, float]], dict[str, str], dict[str, float]]:
+    """Greedy answers to the long-context samples: ``(scores, skipped, metrics)`` with the mean score in [0, 1]
+    per task and length, and why a task was skipped at a length (``task/len{L}`` -> reason)."""
     metrics, scores = {}, {}
     for (task, length), samples in tqdm(tasks["samples"].items(), desc="long-context tasks", leave=False):
         new = max(s.max_new_tokens for s in samples)
@@ -362,4 +364,4 @@ def run_tasks(model, tokenizer, tasks: dict, cfg: EvaluateConfig) -> tuple[dict,
         score = sum(s.score(tokenizer.decode(g)) for s, g in zip(samples, generated, strict=True)) / len(samples)
         metrics[f"longctx/{task}/len{length}/score"] = score
         scores.setdefault(task, {})[length] = score
-    return {"longctx": scores, "longctx_skipped": tasks["skipped"]}, metrics
+    return scores, tasks["skipped"], metrics

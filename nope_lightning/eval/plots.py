@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib
 
+from nope_lightning.results import ScaleSearchResult
+
 matplotlib.use("Agg")  # headless: figures are only ever written to files
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
@@ -135,21 +137,20 @@ def passkey_heatmaps(panels: Mapping[str, Mapping[tuple[int, float], float]], co
     return fig
 
 
-def lambda_fit(summary: Mapping):
+def lambda_fit(summary: ScaleSearchResult):
     """Fig 7 style: best uniform lambda per position (s = i / L) with the fit lambda = 1 + a ln s, and the
-    best lambda per target length. ``summary`` is a scale-search result (``scale_search.json``)."""
+    best lambda per target length."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    points = summary["per_position_best"]
+    points = summary.per_position_best
     if points:
-        s = np.array([p["s"] for p in points])
-        ax.scatter(s, [p["lambda"] for p in points], s=14, label="best lambda per position bucket")
-        a, r2 = summary["fit"]["a"], summary["fit"]["r2"]
+        s = np.array([p.s for p in points])
+        ax.scatter(s, [p.temperature for p in points], s=14, label="best lambda per position bucket")
+        a, r2 = summary.fit.a, summary.fit.r2
         if not math.isnan(a):
             grid = np.linspace(1, s.max(), 100)
             ax.plot(grid, 1 + a * np.log(grid), color="C1", label=f"1 + {a:.3f} ln s  (R^2 = {r2:.2f})")
-    train_len = summary["train_len"]
-    for length, lam in summary["best"].items():
-        ax.scatter([int(length) / train_len], [lam], marker="*", s=90, color="C3")
+    for length, lam in summary.best.items():
+        ax.scatter([length / summary.train_len], [lam], marker="*", s=90, color="C3")
     ax.scatter([], [], marker="*", color="C3", label="best lambda per target length")
     ax.set_xlabel("s = position / train length")
     ax.set_ylabel("lambda (units of 1/sqrt(d))")

@@ -29,7 +29,7 @@ from nope_lightning.config import FinetuneConfig, PretrainConfig, RopeScalingCon
 from nope_lightning.data import PackedDataModule, PreparedData, prepare
 from nope_lightning.data.retrieval import recipe_mix
 from nope_lightning.training.module import CausalLM, check_target_len, check_tokenizer, trained_model
-from nope_lightning.training.trainer import ResumableFit, check_strategy, resumable_fit
+from nope_lightning.training.trainer import ResumableFit, check_strategy, fit_result_keys, resumable_fit
 
 #: Sections that must match for a run to continue from the checkpoint in its out_dir.
 RESUME_KEYS = ("checkpoint", "target_len", "rope_scaling", "data_mix", "budget", "raw_multiplier", "steps", "batch_size",
@@ -111,3 +111,12 @@ def train(cfg: FinetuneConfig, resumable: ResumableFit, loaded: LoadedModel, pre
     return {"run_id": run_id, "out_dir": str(out), "model": str(export), "step": trainer.global_step,
             "world_size": trainer.world_size, "tokens": tokens, "rope_scaling": dataclasses.asdict(scaling),
             **metrics}
+
+
+# --- declared results: the registry's ``Stage.results`` (what a later step may reference; the dry run) ---
+
+
+def result_keys(cfg: FinetuneConfig, train_len: int | None = None) -> dict[str, type]:
+    """What ``train`` returns on rank 0 that a later step can use (its ``rope_scaling`` is a dict): the fit's
+    results at ``target_len``, the exported model's folder and the tokens trained on."""
+    return {**fit_result_keys(cfg.target_len), "model": str, "tokens": int}

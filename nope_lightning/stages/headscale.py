@@ -72,6 +72,7 @@ from nope_lightning.model.temperature import (
     set_temperatures,
     train_only,
 )
+from nope_lightning.results import ConvergedEntropy, HeadScaleResult, ScaleSearchResult
 from nope_lightning.training.module import (
     CausalLM,
     check_target_len,
@@ -79,7 +80,7 @@ from nope_lightning.training.module import (
     local_shard,
     trained_state,
 )
-from nope_lightning.training.trainer import ResumableFit, check_strategy, resumable_fit
+from nope_lightning.training.trainer import ResumableFit, check_strategy, fit_result_keys, resumable_fit
 
 CONSTRAINED_FLOOR = 1.0  # paper Eq. 6, lambda >= 1/sqrt(d), in our units of 1/sqrt(d)
 UNCONSTRAINED_FLOOR = 0.01  # constraint=false: only keeps lambda a (positive) temperature
@@ -102,7 +103,7 @@ class Parameterization:
     table: TableKind
     table_file: str
     default_init: float
-    from_search: Callable[[dict, int, str], float]
+    from_search: Callable[[ScaleSearchResult, int, str], float]
     floors: tuple[float, float]
     axis: str
     suffix: str
@@ -244,35 +245,43 @@ def train(cfg: HeadScaleConfig, resumable: ResumableFit, callbacks: Sequence, lo
     names = [f"transformer.h.{i}.attn.temperature.{param.attribute}" for i in range(model.cfg.n_layer)]
     table = torch.stack([state[name].float().cpu() for name in names])
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    symbol = param.symbol
-    summary = {"checkpoint": cfg.checkpoint, "model_fingerprint": loaded.fingerprint,
-               "train_len": loaded.config.train_len, "target_len": cfg.target_len, "units": param.table.units,
-               "init": {"mode": cfg.init, symbol: init, "scale_search": cfg.scale_search},
-               "constraint": cfg.constraint, f"{symbol}_floor": module.floor, "steps": trainer.global_step,
-               "data_mix": {"mode": cfg.data_mix, "retrieval_fraction": mix.fraction if mix else 0.0},
-               "val_loss": metrics[monitor], param.table.key: table.tolist()}
+    summary = HeadScaleResult(
+        cfg.checkpoint, loaded.fingerprint, loaded.config.train_len, cfg.target_len, param.table.units, param.symbol,
+        cfg.init, init, cfg.scale_search, cfg.constraint, module.floor, trainer.global_step, cfg.data_mix,
+        mix.fraction if mix else 0.0, metrics[monitor], param.table.key, table.tolist())
     log_outputs(cfg, run_id, loaded, prepared, summary, out / param.table_file, trainer.strategy.root_device)
     return {"run_id": run_id, "out_dir": str(out), "table": str(out / param.table_file),
-            "step": trainer.global_step, "world_size": trainer.world_size, f"init_{symbol}": init, **metrics}
+            "step": trainer.global_step, "world_size": trainer.world_size, f"init_{param.symbol}": init, **metrics}
 
 
-def log_outputs(cfg: HeadScaleConfig, run_id: str, loaded: LoadedModel, prepared: PreparedData, summary: dict,
-                path: Path, device: torch.device) -> None:
-    """Save the learned table (``summary[param.table.key]``) at ``path`` and log it, the Fig 5 plot (entropies
-    of the model reloaded with that table file, as ``evaluate`` loads one) and ``headscale.json``."""
+def log_outputs(cfg: HeadScaleConfig, run_id: str, loaded: LoadedModel, prepared: PreparedData,
+                summary: HeadScaleResult, path: Path, device: torch.device) -> None:
+    """Save the learned table (``summary.table``) at ``path`` and log it, the Fig 5 plot (entropies of the model
+    reloaded with that table file, as ``evaluate`` loads one) and ``headscale.json``."""
     param = PARAMETERIZATIONS[cfg.parameterization]
-    table = torch.tensor(summary[param.table.key])
+    table = torch.tensor(summary.table)
     save_table(path, table, {"checkpoint": cfg.checkpoint, "target_len": cfg.target_len,
-                             "model_fingerprint": summary["model_fingerprint"]}, param.table)
+                             "model_fingerprint": summary.model_fingerprint}, param.table)
     tracking.log_artifacts(cfg.tracking, run_id, path.parent, "headscale")
     if cfg.entropy_windows:
         temperature = dataclasses.replace(loaded.config.model.temperature, **{param.table.field: str(path)})
         tuned = load_model(str(loaded.folder), cfg.tracking, temperature=temperature).model
         entropy = converged_entropy(tuned.to(device).eval(),
                                     validation_windows(prepared, cfg.target_len, cfg.entropy_windows))
-        summary["converged_entropy"] = {"unit": "nats", "per_head": entropy.tolist(),
-                                        "positions": f"last 1/{CONVERGED_TAIL} of {cfg.target_len}"}
+        summary = dataclasses.replace(summary, converged_entropy=ConvergedEntropy(
+            "nats", entropy.tolist(), f"last 1/{CONVERGED_TAIL} of {cfg.target_len}"))
         figure = plots.learned_vs_entropy(entropy.numpy(), table.numpy(), cfg.target_len, param.axis,
                                           param.floors[0])
         tracking.log_figure(cfg.tracking, run_id, figure, "plots/entropy_vs_lambda.png")
-    tracking.log_json(cfg.tracking, run_id, summary, "headscale.json")
+    tracking.log_json(cfg.tracking, run_id, summary.to_dict(), "headscale.json")
+
+
+# --- declared results: the registry's ``Stage.results`` (what a later step may reference; the dry run) ---
+
+
+def result_keys(cfg: HeadScaleConfig, train_len: int | None = None) -> dict[str, type]:
+    """What ``train`` returns on rank 0: the fit's results at ``target_len``, the table's file, the initial value
+    and the learned table's mean, min and max (lambda, or the log slope a)."""
+    symbol = PARAMETERIZATIONS[cfg.parameterization].symbol
+    return {**fit_result_keys(cfg.target_len), "table": str, f"init_{symbol}": float,
+            **{f"headscale/{symbol}_{s}": float for s in ("mean", "min", "max")}}

@@ -188,3 +188,14 @@ def summarize(cfg: HeadScaleSearchConfig, study, parent: str) -> dict[str, Any]:
     tracking.end_run(base.tracking, parent)
     return {"run_id": parent, "study": study.study_name, "best_trial": best.number,
             "best_run_id": best.user_attrs.get("headscale_run_id"), "trials": len(trials), **metrics}
+
+
+# --- declared results: the registry's ``Stage.results`` (what a later step may reference; the dry run) ---
+
+
+def result_keys(cfg: HeadScaleSearchConfig, train_len: int | None = None) -> dict[str, type]:
+    """What ``run`` returns: the study's run and name, its best trial (number, run, log-PPL, init, lr), the
+    trial count and how many were pruned."""
+    return {"run_id": str, "study": str, "best_trial": int, "best_run_id": str, "trials": int,
+            "headscale_search/pruned": int,
+            **{f"headscale_search/{k}": float for k in ("best_logppl", "best_init", "best_lr")}}

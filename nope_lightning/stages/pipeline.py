@@ -4,10 +4,13 @@ The file's steps are expanded into instances (``steps.py``: one per replicate se
 of which is first resolved and checked exactly as the dry run does (``plan.py``), so a bad reference, length or
 token budget anywhere stops the run before any compute. Each instance then runs through ``run_stage``
 (exactly what its CLI command would run), nested under one parent MLflow run so the UI compares methods side by
-side, tagged with its step, method, seed and matrix point. After an instance finishes, its resolved-config hash
-and result are logged on the parent as ``steps/<instance id>.json``; a rerun of the same pipeline finds that
-parent, skips every instance whose hash matches and resumes the first one that does not — a pretrain killed
-mid-way continues from its last checkpoint, a scale-search from its study.
+side, tagged with its ``RunKey`` (method, seed, matrix point, stage, step) and its step hash (``steps.step_hash``:
+the resolved config less the parent run). After an instance finishes, its hash and result are logged on the parent
+as ``steps/<instance id>.json``. A finished step never runs twice: a rerun of the same pipeline finds that parent
+and skips every instance whose hash matches; an instance whose hash names a FINISHED run of any other pipeline run
+(the same file with more seeds, another file sharing a model) reuses it and records the reuse on this parent,
+whose report then includes it. The first instance found neither way resumes — a pretrain killed mid-way
+continues from its last checkpoint, a scale-search from its study.
 
 Steps run in this process, one after another; a step with ``subprocess: true`` runs as its own
 ``nope-lightning run`` process instead — required for multi-process strategies (DDP/FSDP), whose launcher
@@ -38,7 +41,10 @@ from nope_lightning import plan, tracking
 from nope_lightning.config import PipelineConfig, ReportConfig, to_yaml
 from nope_lightning.progress import pipeline_line
 from nope_lightning.run import run_stage
-from nope_lightning.steps import config_hash, expand, pipeline_hash, step_config
+from nope_lightning.steps import expand, pipeline_hash, recorded_hash, step_config, step_hash
+
+#: The tag holding a step's hash (``steps.step_hash``) on the run it started: how any later pipeline finds it.
+HASH_TAG = "config_hash"
 
 
 def find_parent(cfg: PipelineConfig, run_hash: str) -> str | None:
@@ -48,6 +54,22 @@ def find_parent(cfg: PipelineConfig, run_hash: str) -> str | None:
                               filter_string=f"tags.pipeline_hash = '{run_hash}'",
                               order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0].info.run_id if runs else None
+
+
+def finished_step(cfg: PipelineConfig, digest: str) -> dict[str, Any] | None:
+    """The step record (``result``, and ``parent``: the pipeline run it ran under) of the newest FINISHED run
+    of the experiment tagged with step hash ``digest``, under any pipeline run; None if there is none."""
+    client = tracking.client(cfg.tracking)
+    runs = client.search_runs([tracking.experiment_id(cfg.tracking)],
+                              filter_string=f"tags.{HASH_TAG} = '{digest}' and attributes.status = 'FINISHED'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        return None
+    tags = runs[0].data.tags
+    owner = tags[tracking.PARENT_TAG]
+    record = json.loads(tracking.download(cfg.tracking, owner, f"steps/{tags['pipeline_step']}.json").read_text())
+    # The pipeline run may have rerun that instance since with another config: its record says so.
+    return {"result": record["result"], "parent": owner} if record["hash"] == digest else None
 
 
 def run(cfg: PipelineConfig) -> dict[str, Any]:
@@ -66,27 +88,33 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
     results: dict[str, dict] = {}
     start = time.perf_counter()
     for number, instance in enumerate(instances, 1):
-        step = instance.step
+        step, key = instance.step, instance.key
         stage_cfg = step_config(instance, cfg, results, parent)
-        digest = config_hash(stage_cfg)
+        digest = step_hash(stage_cfg)
         prefix = f"[{number}/{len(instances)}] {step.stage} {instance.id}"
-        if instance.id in done and done[instance.id]["hash"] == digest:
+        record = {"id": instance.id, "tags": key.tags(), "hash": digest}
+        if instance.id in done and done[instance.id]["hash"] in (digest, recorded_hash(stage_cfg)):
             results[instance.id] = done[instance.id]["result"]
             pipeline_line(f"{prefix}: already done, skipped")
+            continue
+        if (found := finished_step(cfg, digest)) is not None:
+            results[instance.id] = found["result"]
+            tracking.log_json(cfg.tracking, parent, {**record, "result": found["result"], "reused_from": found["parent"]},
+                              f"steps/{instance.id}.json")
+            pipeline_line(f"{prefix}: finished under pipeline run {found['parent']}, reused")
             continue
         pipeline_line(f"{prefix}: running ({time.perf_counter() - start:.0f}s elapsed)")
         t0 = time.perf_counter()
         raw = run_subprocess(step.stage, stage_cfg) if step.subprocess else run_stage(step.stage, stage_cfg)
         result = {k: v for k, v in raw.items() if _jsonable(v)}
         results[instance.id] = result
-        tracking.log_json(cfg.tracking, parent, {"id": instance.id, "step": step.id, "stage": step.stage,
-                                                 "label": step.label, "seed": instance.seed,
-                                                 "point": dict(instance.point), "hash": digest, "result": result},
-                          f"steps/{instance.id}.json")
-        if result.get("run_id"):
-            client = tracking.client(cfg.tracking)
-            for key, value in {**instance.tags, "method": step.label or step.id}.items():
-                client.set_tag(result["run_id"], key, value)
+        tracking.log_json(cfg.tracking, parent, {**record, "result": result}, f"steps/{instance.id}.json")
+        client = tracking.client(cfg.tracking)
+        # Only a run this step started is tagged: a run it continued (a finished model found by name) keeps the
+        # place and hash its own pipeline gave it, which that pipeline's report and reuse rely on.
+        if result.get("run_id") and client.get_run(result["run_id"]).data.tags.get(tracking.PARENT_TAG) == parent:
+            for name, value in {**key.tags(), HASH_TAG: digest}.items():
+                client.set_tag(result["run_id"], name, value)
         pipeline_line(f"{prefix}: done in {time.perf_counter() - t0:.0f}s")
     summary: dict[str, Any] = {"run_id": parent, "steps": len(instances),
                                "elapsed_s": round(time.perf_counter() - start, 1)}
@@ -170,3 +198,11 @@ def kill_group(proc, grace_s: float = 10.0) -> None:
 
 def _jsonable(value: Any) -> bool:
     return isinstance(value, str | int | float | bool) or value is None
+
+
+# --- declared results: the registry's ``Stage.results`` (what a later step may reference; the dry run) ---
+
+
+def result_keys(cfg: PipelineConfig, train_len: int | None = None) -> dict[str, type]:
+    """What ``run`` returns: the pipeline run, its instance count and wall clock (s), and the report's file."""
+    return {"run_id": str, "steps": int, "elapsed_s": float, **({"report": str} if cfg.report else {})}

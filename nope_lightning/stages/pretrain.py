@@ -23,7 +23,13 @@ from nope_lightning.data.retrieval import recipe_mix
 from nope_lightning.model import GPT, count_parameters
 from nope_lightning.model.gpt import non_embedding_parameters
 from nope_lightning.training.module import CausalLM, trained_model
-from nope_lightning.training.trainer import ResumableFit, check_strategy, resumable_fit, training_tokens
+from nope_lightning.training.trainer import (
+    ResumableFit,
+    check_strategy,
+    fit_result_keys,
+    resumable_fit,
+    training_tokens,
+)
 
 #: Sections that must match for a run to continue from a checkpoint (max_steps may grow, tracking may move).
 RESUME_KEYS = ("model", "data", "optim", "retrieval", "train_len", "batch_size", "seed")
@@ -93,3 +99,11 @@ def train(cfg: PretrainConfig, resumable: ResumableFit) -> dict[str, Any]:
         tracking.log_artifacts(cfg.tracking, run_id, export, "model")
         result["model"] = str(export)
     return result
+
+
+# --- declared results: the registry's ``Stage.results`` (what a later step may reference; the dry run) ---
+
+
+def result_keys(cfg: PretrainConfig, train_len: int | None = None) -> dict[str, type]:
+    """What ``train`` returns on rank 0: the fit's results at ``train_len`` and the exported model's folder."""
+    return {**fit_result_keys(cfg.train_len), "model": str}

@@ -5,18 +5,20 @@ HeadScale and synthetic artifacts) and groups them by matrix point, method (tag 
 and seed (tag ``seed``). It tests the pipeline's claims (``claims.py``), writes the tables (``tables.py``) or,
 for a sweep, the sweep section (``sweep.py``), the figures with their bands, ``report.md`` and a self-contained
 ``report.html`` under ``out_dir``, and logs them, with per-method headline metrics, to the pipeline run itself
-(artifact folder ``report/``; a rerun overwrites them, so there is one report per pipeline run).
+(artifact folder ``report/``; a rerun overwrites them, so there is one report per pipeline run). What it
+knows of each method (the paper row it sits beside, its family, the paired table's reference) is the
+experiment file's (``tables.Methods``), never read from the method's label.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 import re
 import shutil
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,43 +29,56 @@ from nope_lightning import claims, sweep, tables, tracking
 from nope_lightning.config import PipelineConfig, ReportConfig, load_config
 from nope_lightning.eval import plots
 from nope_lightning.paper import CLAIMS_BY_ID
+from nope_lightning.results import Curve, EvaluationResult, ScaleSearchResult
+from nope_lightning.runkey import RunKey
 from nope_lightning.stats import t_interval
 
 
-def pipeline_runs(cfg: ReportConfig) -> list:
-    """The runs behind the pipeline's figures, oldest first: its direct children, and the runs its steps reused
-    without starting a child (a finished model or HeadScale found by name, trained by an earlier pipeline such
-    as ``small`` for ``small_temperature``), read from the pipeline's step records."""
+def pipeline_runs(cfg: ReportConfig) -> list[tuple[Any, RunKey]]:
+    """The runs behind the pipeline's figures with their places, oldest first: one per step record — the run the
+    step started, or the one it reused (a finished step of another pipeline run found by its hash, a model found
+    by name, such as ``small``'s for ``small_temperature``), placed where this pipeline's record says — and the
+    direct children no record names (a step killed mid-way), placed by their own tags."""
     client = tracking.client(cfg.tracking)
     parent = client.get_run(cfg.run)
-    runs = client.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{cfg.run}'",
-                              order_by=["attributes.start_time ASC"], max_results=5000)
-    known = {run.info.run_id for run in runs}
-    reused = {record["result"]["run_id"] for record in tracking.step_records(cfg.tracking, cfg.run).values()
-              if record["result"].get("run_id")} - known
-    return sorted([*runs, *(client.get_run(run_id) for run_id in sorted(reused))],
-                  key=lambda run: run.info.start_time)
+    children = {run.info.run_id: run for run in client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{cfg.run}'",
+        order_by=["attributes.start_time ASC"], max_results=5000)}
+    placed = []
+    for record in tracking.step_records(cfg.tracking, cfg.run).values():
+        if run_id := record["result"].get("run_id"):
+            run = children.get(run_id) or client.get_run(run_id)
+            # A record written before records held their tags: the run's own tags place it.
+            placed.append((run, RunKey.from_tags(record.get("tags") or run.data.tags, run.info.run_name)))
+    recorded = {run.info.run_id for run, _ in placed}
+    placed += [(run, RunKey.from_tags(run.data.tags, run.info.run_name)) for run_id, run in children.items()
+               if run_id not in recorded]
+    return sorted(placed, key=lambda pair: pair[0].info.start_time)
 
 
-def _artifact_json(cfg: ReportConfig, run_id: str, path: str) -> dict | None:
+#: The result file each gathered stage logs, read through its type.
+RESULTS = {"results.json": EvaluationResult, "scale_search.json": ScaleSearchResult}
+
+
+def _artifact_json(cfg: ReportConfig, run_id: str, path: str) -> EvaluationResult | ScaleSearchResult | None:
+    """The run's result file ``path`` (a ``RESULTS`` name), None when the run has none."""
     names = {a.path for a in tracking.client(cfg.tracking).list_artifacts(run_id, str(Path(path).parent)
                                                                          if "/" in path else None)}
     if path not in names:
         return None
-    return json.loads(tracking.download(cfg.tracking, run_id, path).read_text())
+    return RESULTS[path].load(tracking.download(cfg.tracking, run_id, path))
 
 
-def pipeline_settings(cfg: ReportConfig) -> tuple[list[str], dict[str, str], int, list[str]]:
-    """``(claims, sweep, bootstrap, matrix keys)``: this config's, else the pipeline run's logged config's."""
-    logged = None
-    if cfg.claims is None or cfg.sweep is None or not cfg.bootstrap:
-        names = {a.path for a in tracking.client(cfg.tracking).list_artifacts(cfg.run)}
-        if "config.yaml" in names:
-            logged = load_config(PipelineConfig, tracking.download(cfg.tracking, cfg.run, "config.yaml"))
+def pipeline_settings(cfg: ReportConfig) -> tuple[list[str], dict[str, str], int, list[str], tables.Methods]:
+    """``(claims, sweep, bootstrap, matrix keys, methods)``: this config's, else the pipeline run's logged
+    config's; what the file says of its methods always comes from the logged config."""
+    names = {a.path for a in tracking.client(cfg.tracking).list_artifacts(cfg.run)}
+    logged = (load_config(PipelineConfig, tracking.download(cfg.tracking, cfg.run, "config.yaml"))
+              if "config.yaml" in names else None)
     claim_ids = cfg.claims if cfg.claims is not None else (logged.claims if logged else [])
     axes = cfg.sweep if cfg.sweep is not None else (logged.sweep if logged else {})
     resamples = cfg.bootstrap or (logged.bootstrap if logged else 1000)
-    return claim_ids, axes, resamples, list(logged.matrix) if logged else []
+    return claim_ids, axes, resamples, list(logged.matrix) if logged else [], tables.Methods.of(logged)
 
 
 def gather(cfg: ReportConfig, out: Path, matrix_keys: list[str]) -> tuple[dict, dict, list]:
@@ -72,30 +87,28 @@ def gather(cfg: ReportConfig, out: Path, matrix_keys: list[str]) -> tuple[dict, 
     evals: dict = defaultdict(lambda: defaultdict(dict))
     searches: dict = defaultdict(lambda: defaultdict(dict))
     pretrains, first_seed = [], None
-    for run in pipeline_runs(cfg):
-        tags = run.data.tags
-        stage, method = tags.get("stage"), tags.get("method", run.info.run_name)
-        seed = int(tags["seed"]) if "seed" in tags else None
-        first_seed = seed if first_seed is None else first_seed
-        keys = matrix_keys or sorted(k.removeprefix("matrix.") for k in tags if k.startswith("matrix."))
-        point = tuple((k, tags[f"matrix.{k}"]) for k in keys if f"matrix.{k}" in tags)
-        if stage == "evaluate" and (results := _artifact_json(cfg, run.info.run_id, "results.json")):
-            evals[point][method][seed] = results
-        elif stage == "scale-search" and (summary := _artifact_json(cfg, run.info.run_id, "scale_search.json")):
-            searches[point][method][seed] = summary
-        elif stage == "pretrain":
-            pretrains.append(run)
-        if seed == first_seed:  # their own figures (Fig 5, synthetic accuracy) from the first replicate
-            _copy_pngs(cfg, run, out, method)
+    for run, key in pipeline_runs(cfg):
+        first_seed = key.seed if first_seed is None else first_seed
+        values = dict(key.point)
+        point = tuple((k, values[k]) for k in matrix_keys if k in values) if matrix_keys else key.point
+        if key.stage == "evaluate" and (results := _artifact_json(cfg, run.info.run_id, "results.json")):
+            evals[point][key.method][key.seed] = results
+        elif key.stage == "scale-search" and (summary := _artifact_json(cfg, run.info.run_id, "scale_search.json")):
+            searches[point][key.method][key.seed] = summary
+        elif key.stage == "pretrain" and run.info.run_id not in {r.info.run_id for r in pretrains}:
+            pretrains.append(run)  # once, though steps at several points may share one model
+        if key.seed == first_seed:  # their own figures (Fig 5, synthetic accuracy) from the first replicate
+            _copy_pngs(cfg, run, out, key.method)
     return evals, searches, pretrains
 
 
-def point_sections(evals: dict, searches: dict, outcomes: list,
-                   resamples: int) -> tuple[list[str], dict[str, Any]]:
+def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int,
+                   methods: tables.Methods) -> tuple[list[str], dict[str, Any]]:
     """The tables and figures of one matrix point."""
-    sections = [tables.claims_table(outcomes) if outcomes else "", tables.ppl_tables(evals) if evals else "",
-                tables.bucket_table(evals), tables.ablation_table(evals, outcomes), tables.passkey_table(evals),
-                tables.longctx_table(evals), tables.paired_table(evals, resamples),
+    sections = [tables.claims_table(outcomes) if outcomes else "",
+                tables.ppl_tables(evals, methods.paper_rows("table2")) if evals else "", tables.bucket_table(evals),
+                tables.ablation_table(evals, outcomes, methods.paper_rows("table4")), tables.passkey_table(evals),
+                tables.longctx_table(evals), tables.paired_table(evals, resamples, methods.reference),
                 *(tables.search_section(method, by_seed) for method, by_seed in searches.items())]
     figures: dict[str, Any] = {}
     for by_seed in searches.values():
@@ -103,9 +116,9 @@ def point_sections(evals: dict, searches: dict, outcomes: list,
             name = f"lambda_fit{'' if seed is None else f'_s{seed}'}.png"
             figures[name] = plots.lambda_fit(summary)
     if evals:
-        # Fig 1/4: the NoPE family (plain, uniform lambda, HeadScale), then the position-encoding baselines.
-        nope_family = {m: s for m, s in evals.items() if m.startswith(("nope", "headscale"))}
-        baselines = {m: s for m, s in evals.items() if m not in nope_family or m == "nope"}
+        # Fig 1/4: the NoPE family (plain, uniform lambda, HeadScale), then the baselines beside the reference.
+        nope_family = {m: s for m, s in evals.items() if m in methods.nope_family}
+        baselines = {m: s for m, s in evals.items() if m not in nope_family or m == methods.reference}
         figures["position_curves_nope.png"] = position_figure(nope_family)
         figures["position_curves_baselines.png"] = position_figure(baselines)
         figures["passkey_heatmaps.png"] = passkey_figure(evals)
@@ -115,7 +128,7 @@ def point_sections(evals: dict, searches: dict, outcomes: list,
 def run(cfg: ReportConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir or f"mlruns/reports/{cfg.run}").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    claim_ids, axes, resamples, matrix_keys = pipeline_settings(cfg)
+    claim_ids, axes, resamples, matrix_keys, methods = pipeline_settings(cfg)
     pipeline = tracking.client(cfg.tracking).get_run(cfg.run)
     evals, searches, pretrains = gather(cfg, out, matrix_keys)
     points = sorted(set(evals) | set(searches))
@@ -128,7 +141,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
         for point in points:
             outcomes = [claims.evaluate_claim(CLAIMS_BY_ID[c], runs_by_point[point], resamples) for c in claim_ids]
             point_text, point_figures = point_sections(evals.get(point, {}), searches.get(point, {}), outcomes,
-                                                       resamples)
+                                                       resamples, methods)
             if point:
                 sections.append(f"## Matrix point {', '.join(f'{k} = {v}' for k, v in point)}")
                 point_figures = {f"{_slug(point)}-{n}": f for n, f in point_figures.items()}
@@ -160,32 +173,32 @@ def _slug(point: tuple) -> str:
     return "_".join(f"{k}{v}" for k, v in point)
 
 
-def _seed_curves(by_seed: dict, key: str, corpus: bool) -> tuple | None:
-    """A per-position curve over seeds: ``(x, mean, low, high)``, the band a t interval across seeds (one seed:
-    the run's own bootstrap band)."""
-    curves = [(r["position"][key][r["corpora"][0]] if corpus else r["position"][key]) for r in by_seed.values()
-              if key in r.get("position", {})]
+def _seed_curves(by_seed: dict, curve: Callable[[EvaluationResult], Curve | None]) -> tuple | None:
+    """A per-position curve (``curve`` of a run's results) over seeds: ``(x, mean, low, high)``, the band a t
+    interval across seeds (one seed: the run's own bootstrap band)."""
+    curves = [c for r in by_seed.values() if r.position is not None and (c := curve(r)) is not None]
     if not curves:
         return None
-    edges = next(r["position"]["edges"] for r in by_seed.values() if "position" in r)
+    edges = next(r.position.edges for r in by_seed.values() if r.position is not None)
     x = [(a + b - 1) / 2 for a, b in zip(edges[:-1], edges[1:], strict=True)]
     if len(curves) == 1:
-        return x, curves[0]["mean"], curves[0]["low"], curves[0]["high"]
-    per_bucket = [t_interval([c["mean"][b] for c in curves]) for b in range(len(x))]
+        return x, curves[0].mean, curves[0].low, curves[0].high
+    per_bucket = [t_interval([c.mean[b] for c in curves]) for b in range(len(x))]
     return x, [i.estimate for i in per_bucket], [i.low for i in per_bucket], [i.high for i in per_bucket]
 
 
 def position_figure(evals: dict):
-    logppl = {m: c for m, s in evals.items() if (c := _seed_curves(s, "logppl", True))}
-    entropy = {m: c for m, s in evals.items() if (c := _seed_curves(s, "entropy", False))}
+    logppl = {m: c for m, s in evals.items()
+              if (c := _seed_curves(s, lambda r: r.position.logppl.get(r.corpora[0])))}
+    entropy = {m: c for m, s in evals.items() if (c := _seed_curves(s, lambda r: r.position.entropy))}
     if not logppl:
         return None
-    first = next(r for s in evals.values() for r in s.values() if "position" in r)
+    first = next(r for s in evals.values() for r in s.values() if r.position is not None)
     x = next(iter(logppl.values()))[0]
     bound = (x, list(np.log(np.asarray(x) + 1))) if entropy else None
     seeds = max(len(s) for s in evals.values())
     band = f"{seeds} seeds: mean, band = 95 % t interval across seeds" if seeds > 1 else "band = 95 % bootstrap"
-    return plots.position_curves(logppl, entropy, first["train_len"], bound,
+    return plots.position_curves(logppl, entropy, first.train_len, bound,
                                  title=f"log-PPL and attention entropy by position ({band})")
 
 
@@ -195,8 +208,8 @@ def passkey_figure(evals: dict):
     for method, by_seed in evals.items():
         cells: dict = defaultdict(list)
         for r in by_seed.values():
-            for n, d, acc in r.get("passkey", {}).get("by_cell", []):
-                cells[int(n), float(d)].append(acc)
+            for c in r.passkey.by_cell if r.passkey else []:
+                cells[c.length, c.depth].append(c.accuracy)
         if cells:
             mean = {k: float(np.mean(v)) for k, v in cells.items()}
             panels[f"{method} (mean {np.mean(list(mean.values())):.2f})"] = mean
@@ -231,11 +244,11 @@ def comparison_metrics(evals: dict) -> dict[str, float]:
     for method, by_seed in evals.items():
         slug = re.sub(r"[^A-Za-z0-9_\-./: ]", "_", method)
         runs = list(by_seed.values())
-        corpus, split = runs[0]["corpora"][0], runs[0].get("split", "test")
-        for length in runs[0].get("ppl", {}).get(corpus, {}):
-            nll = [r["ppl"][corpus][length]["nll"] for r in runs if length in r.get("ppl", {}).get(corpus, {})]
+        corpus, split = runs[0].corpora[0], runs[0].split
+        for length in (runs[0].ppl or {}).get(corpus, {}):
+            nll = [p.nll for r in runs if (p := r.perplexity(corpus, length)) is not None]
             out[f"{slug}/{split}/len{length}/ppl"] = math.exp(float(np.mean(nll)))
-        accuracy = [r["passkey"]["overall"] for r in runs if "passkey" in r]
+        accuracy = [r.passkey.overall for r in runs if r.passkey is not None]
         if accuracy:
             out[f"{slug}/passkey/mean"] = float(np.mean(accuracy))
     return out
@@ -254,3 +267,11 @@ def _copy_pngs(cfg: ReportConfig, run, out: Path, method: str) -> None:
             elif artifact.path.endswith(".md"):
                 text = tracking.download(cfg.tracking, run.info.run_id, artifact.path).read_text()
                 (out / f"{method.replace(' ', '_')}-{Path(artifact.path).name}").write_text(text)
+
+
+# --- declared results: the registry's ``Stage.results`` (what a later step may reference; the dry run) ---
+
+
+def result_keys(cfg: ReportConfig, train_len: int | None = None) -> dict[str, type]:
+    """What ``run`` returns: the pipeline run it reports on, the report's markdown and HTML files, the methods."""
+    return {"run_id": str, "markdown": str, "html": str, "methods": int}

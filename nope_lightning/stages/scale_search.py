@@ -2,7 +2,7 @@
 length (paper 001 §3.1, Fig 2 and Fig 7).
 
 An Optuna study (GridSampler over the lambda grid by default) whose trial at lambda is exactly
-``nope-lightning run evaluate checkpoint=… extension.temperature=lambda eval_lengths=[targets] …`` — run
+``nope-lightning run evaluate checkpoint=… extension.temperature.uniform=lambda eval_lengths=[targets] …`` — run
 through ``run_stage`` as a nested MLflow run, its command line stored on the trial so it can be replayed.
 Trials score the **validation** split (``evaluate split=val``): the lambda chosen here is reported on test
 data by later ``evaluate`` runs, never chosen on it. The objective is the mean validation log-PPL over the
@@ -18,7 +18,6 @@ plot, and metrics ``scale_search/len{L}/best_lambda``, ``…/best_logppl``, ``sc
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from typing import Any
 
@@ -37,6 +36,15 @@ from nope_lightning.config import (
 )
 from nope_lightning.eval import plots
 from nope_lightning.eval.summary import block_size
+from nope_lightning.results import (
+    EvaluationResult,
+    LogFit,
+    PositionBest,
+    ScaleSearchResult,
+    SearchSamples,
+    SearchTrial,
+    SelectionIntervals,
+)
 from nope_lightning.run import run_stage
 from nope_lightning.search import (
     best_on_grid,
@@ -113,40 +121,37 @@ def run(cfg: ScaleSearchConfig) -> dict[str, Any]:
     return summarize(cfg, study, parent, train_len, fingerprint)
 
 
-def trial_samples(cfg: ScaleSearchConfig, trials: list) -> dict[str, Any]:
-    """The per-window data of every trial (``evaluate``'s ``results.json``, all on the same validation windows):
-    ``windows[n]``: (trials, windows, 2) NLL sum and count at target n; ``position``: (trials, windows, buckets)
-    NLL sums of the position windows, ``widths`` (buckets,) their token counts; ``doc``: the scoring windows'
-    documents (blocks never span two)."""
-    results = [json.loads(tracking.download(cfg.tracking, t.user_attrs["evaluate_run_id"], "results.json")
-                          .read_text()) for t in trials]
-    corpus = results[0]["corpora"][0]
-    position = results[0]["position"]
-    return {"doc": results[0]["windows"][corpus]["doc"], "edges": position["edges"],
-            "windows": {str(n): [r["windows"][corpus][str(n)] for r in results] for n in cfg.target_lengths},
-            "position": [r["position"]["logppl"][corpus]["windows"] for r in results]}
+def trial_samples(cfg: ScaleSearchConfig, trials: list) -> SearchSamples:
+    """The per-window data of every trial (its ``evaluate`` result, all on the same validation windows)."""
+    results = [EvaluationResult.load(tracking.download(cfg.tracking, t.user_attrs["evaluate_run_id"], "results.json"))
+               for t in trials]
+    corpus = results[0].corpora[0]
+    windows = results[0].windows[corpus]
+    return SearchSamples(windows.doc, results[0].position.edges,
+                         {n: [r.windows[corpus].rows[n] for r in results] for n in cfg.target_lengths},
+                         [r.position.logppl[corpus].windows for r in results])
 
 
-def selection_intervals(samples: dict, grid: list[float], train_len: int, resamples: int, seed: int) -> dict:
+def selection_intervals(samples: SearchSamples, grid: list[float], train_len: int, resamples: int,
+                        seed: int) -> SelectionIntervals:
     """95 % bootstrap intervals of the selection: the best temperature per target (resampling blocks of
     validation windows, every trial on the same resample: paired) and the fit a / R^2 (resampling position
     windows). ``grid``: the trials' temperatures, in trial order."""
     temperatures = np.asarray(grid)
-    doc = np.asarray(samples["doc"])
-    out: dict[str, Any] = {"best": {}}
-    for n, rows in samples["windows"].items():
+    doc = np.asarray(samples.doc)
+    best = {}
+    for n, rows in samples.windows.items():
         table = np.concatenate([np.asarray(r) for r in rows], axis=1)  # (windows, trials * 2)
         units = blocks(table, doc, block_size(len(table)))
         interval = bootstrap([units], lambda s: best_on_grid(s[:, 0, 0::2] / s[:, 0, 1::2], temperatures), resamples,
                              seed)
-        out["best"][n] = [interval.low, interval.high]
+        best[n] = (interval.low, interval.high)
     try:
-        units, fit = position_fit_units(samples, temperatures, train_len)
+        units, fit = position_fit_units(samples.edges, samples.position, temperatures, train_len)
     except ValueError:
-        return out
+        return SelectionIntervals(best)
     a, r2 = (bootstrap([units], lambda s, i=i: fit(s)[i], resamples, seed) for i in (0, 1))
-    out["fit"] = {"a": [a.low, a.high], "r2": [r2.low, r2.high]}
-    return out
+    return SelectionIntervals(best, (a.low, a.high), (r2.low, r2.high))
 
 
 def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, fingerprint: str) -> dict[str, Any]:
@@ -158,39 +163,45 @@ def summarize(cfg: ScaleSearchConfig, study, parent: str, train_len: int, finger
     if not trials:
         raise ValueError(f"study {study.study_name} has no completed trial yet")
     ordered = [trials[temperature] for temperature in sorted(trials)]
-    best = {str(n): min(ordered, key=lambda t: t.user_attrs["logppl"][str(n)]).params["lambda"]
-            for n in cfg.target_lengths}
+    # The trials' validation log-PPL per target, as each trial stored it (an Optuna attribute: string keys).
+    runs = [SearchTrial(t.params["lambda"], {int(n): v for n, v in t.user_attrs["logppl"].items()},
+                        t.user_attrs.get("evaluate_run_id"), t.user_attrs.get("command")) for t in ordered]
+    best = {n: min(runs, key=lambda t: t.logppl[n]).temperature for n in cfg.target_lengths}
     samples = trial_samples(cfg, ordered)
-    temperatures = [t.params["lambda"] for t in ordered]
-    edges = samples["edges"]
+    temperatures = [t.temperature for t in runs]
+    edges = samples.edges
     centers = [(a + b - 1) / 2 for a, b in zip(edges[:-1], edges[1:], strict=True)]
-    curves = np.asarray(samples["position"]).sum(1) / (len(samples["position"][0]) * np.diff(edges))
-    per_bucket = [{"position": c, "s": c / train_len, "lambda": temperatures[int(np.argmin(curves[:, b]))]}
+    curves = np.asarray(samples.position).sum(1) / (len(samples.position[0]) * np.diff(edges))
+    per_bucket = [PositionBest(c, c / train_len, temperatures[int(np.argmin(curves[:, b]))])
                   for b, c in enumerate(centers) if c > train_len]
-    fit = {"a": float("nan"), "r2": float("nan")}
+    fit = LogFit()
     if len(per_bucket) >= 2:
-        a, r2 = fit_log_scale([p["s"] for p in per_bucket], [p["lambda"] for p in per_bucket])
-        fit = {"a": a, "r2": r2}
+        fit = LogFit(*fit_log_scale([p.s for p in per_bucket], [p.temperature for p in per_bucket]))
     # An optimum on the grid's edge may lie beyond it: the report flags it rather than trusting the value.
     grid = (min(cfg.lambdas), max(cfg.lambdas))
     on_edge = {n: temperature in grid for n, temperature in best.items()}
-    summary = {
-        "study": study.study_name, "model_fingerprint": fingerprint, "train_len": train_len, "split": "val",
-        "checkpoint": cfg.checkpoint, "units": "1/sqrt(head_size)", "grid": list(grid), "best": best,
-        "best_on_grid_edge": on_edge,
-        "best_logppl": {str(n): min(t.user_attrs["logppl"][str(n)] for t in ordered) for n in cfg.target_lengths},
-        "per_position_best": per_bucket, "fit": fit,
-        "intervals": selection_intervals(samples, temperatures, train_len, cfg.bootstrap, cfg.seed), "samples": samples,
-        "trials": [{"lambda": t.params["lambda"], "logppl": t.user_attrs["logppl"],
-                    "evaluate_run_id": t.user_attrs.get("evaluate_run_id"), "command": t.user_attrs.get("command")}
-                   for t in ordered],
-    }
-    metrics = {f"scale_search/len{n}/best_lambda": best[str(n)] for n in cfg.target_lengths}
-    metrics.update({f"scale_search/len{n}/best_logppl": summary["best_logppl"][str(n)] for n in cfg.target_lengths})
-    metrics.update({f"scale_search/len{n}/on_grid_edge": float(on_edge[str(n)]) for n in cfg.target_lengths})
-    metrics.update({"scale_search/fit_a": fit["a"], "scale_search/fit_r2": fit["r2"]})
+    summary = ScaleSearchResult(
+        train_len, best, study.study_name, fingerprint, "val", cfg.checkpoint, "1/sqrt(head_size)", grid, on_edge,
+        {n: min(t.logppl[n] for t in runs) for n in cfg.target_lengths}, per_bucket, fit,
+        selection_intervals(samples, temperatures, train_len, cfg.bootstrap, cfg.seed), samples, runs)
+    metrics = {f"scale_search/len{n}/best_lambda": best[n] for n in cfg.target_lengths}
+    metrics.update({f"scale_search/len{n}/best_logppl": summary.best_logppl[n] for n in cfg.target_lengths})
+    metrics.update({f"scale_search/len{n}/on_grid_edge": float(on_edge[n]) for n in cfg.target_lengths})
+    metrics.update({"scale_search/fit_a": fit.a, "scale_search/fit_r2": fit.r2})
     tracking.log_metrics(cfg.tracking, parent, {k: v for k, v in metrics.items() if not math.isnan(v)})
-    tracking.log_json(cfg.tracking, parent, summary, "scale_search.json")
+    tracking.log_json(cfg.tracking, parent, summary.to_dict(), "scale_search.json")
     tracking.log_figure(cfg.tracking, parent, plots.lambda_fit(summary), "plots/lambda_fit.png")
     tracking.end_run(cfg.tracking, parent)
     return {"run_id": parent, "study": study.study_name, "trials": len(ordered), **metrics}
+
+
+# --- declared results: the registry's ``Stage.results`` (what a later step may reference; the dry run) ---
+
+
+def result_keys(cfg: ScaleSearchConfig, train_len: int | None = None) -> dict[str, type]:
+    """What ``run`` returns: the study's run, name and trial count, the fit of lambda = 1 + a ln s, and per
+    target length the best lambda, its log-PPL and whether it sits on the grid's edge (1.0 / 0.0)."""
+    keys = {"run_id": str, "study": str, "trials": int, "scale_search/fit_a": float, "scale_search/fit_r2": float}
+    keys.update({f"scale_search/len{n}/{m}": float for n in cfg.target_lengths
+                 for m in ("best_lambda", "best_logppl", "on_grid_edge")})
+    return keys

@@ -41,6 +41,7 @@ from nope_lightning import tracking
 from nope_lightning.config import ModelConfig
 from nope_lightning.eval.generate import greedy_decode
 from nope_lightning.model import GPT, count_parameters
+from nope_lightning.results import BucketAccuracy, Failure, SyntheticCell
 from nope_lightning.synthetic import Example, Vocabulary, analysis, exact_match, length_bucket, make_split
 from nope_lightning.synthetic.config import PAPER_NAMES, SyntheticConfig
 from nope_lightning.training.module import CausalLM, lm_loss
@@ -183,29 +184,29 @@ class SyntheticLM(CausalLM):
 
 
 def bucket_accuracies(examples: Sequence[Example], correct: Sequence[bool], train_max: int,
-                      width: int) -> list[dict[str, Any]]:
-    """Exact match per length bucket: ``{"bucket", "split" ("id"/"ood"), "n", "acc"}``, by length."""
+                      width: int) -> list[BucketAccuracy]:
+    """Exact match per length bucket (in or out of distribution), by length."""
     groups: dict[str, list[bool]] = defaultdict(list)
     for example, ok in zip(examples, correct, strict=True):
         groups[length_bucket(example.length, width)].append(ok)
-    return [{"bucket": label, "split": "ood" if analysis.bucket_start(label) > train_max else "id",
-             "n": len(oks), "acc": float(np.mean(oks))}
+    return [BucketAccuracy(label, "ood" if analysis.bucket_start(label) > train_max else "id", len(oks),
+                           float(np.mean(oks)))
             for label, oks in sorted(groups.items(), key=lambda item: analysis.bucket_start(item[0]))]
 
 
 def failures(vocab: Vocabulary, examples: Sequence[Example], generated: Sequence[list[int]],
-             correct: Sequence[bool], train_max: int) -> list[dict[str, Any]]:
+             correct: Sequence[bool], train_max: int) -> list[Failure]:
     """The first ``N_ERRORS`` wrong OOD predictions as readable strings."""
     wrong = [(e, ids) for e, ids, ok in zip(examples, generated, correct, strict=True)
              if not ok and e.length > train_max]
-    return [{"length": e.length, "prompt": " ".join(e.prompt), "target": " ".join(e.target),
-             "prediction": " ".join(vocab.decode(ids))} for e, ids in wrong[:N_ERRORS]]
+    return [Failure(e.length, " ".join(e.prompt), " ".join(e.target), " ".join(vocab.decode(ids)))
+            for e, ids in wrong[:N_ERRORS]]
 
 
 class Trained(NamedTuple):
-    """What one run leaves for the grid: its results, the selected model (on CPU) and its data."""
+    """What one run leaves for the grid: its result, the selected model (on CPU) and its data."""
 
-    result: dict[str, Any]
+    result: SyntheticCell
     model: GPT
     data: SyntheticData
 
@@ -233,18 +234,13 @@ def train_and_evaluate(cfg: SyntheticConfig) -> Trained:
     generated = [module.predictions[i] for i in range(len(data.evaluation))]
     correct = score(data.vocab, data.evaluation, generated)
     ood = [e.length > cfg.train_max for e in data.evaluation]
-    result = {
-        "run_id": logger.run_id, "task": cfg.task, "pos_encoding": cfg.pos_encoding, "seed": cfg.seed,
-        "scratchpad": cfg.scratchpad, "train_max_len": cfg.train_max,
-        "test_max_len": max(e.length for e in data.test),
-        "id_acc": float(np.mean([ok for ok, o in zip(correct, ood, strict=True) if not o])),
-        "ood_acc": float(np.mean([ok for ok, o in zip(correct, ood, strict=True) if o])),
-        "best_val_acc": module.best_acc, "best_step": module.best_step, "steps": trainer.global_step,
-        "train_seconds": round(trained - started, 1), "eval_seconds": round(evaluated - trained, 1),
-        "parameters": count_parameters(model),
-        "buckets": bucket_accuracies(data.evaluation, correct, cfg.train_max, cfg.eval.bucket_width),
-        "errors": failures(data.vocab, data.evaluation, generated, correct, cfg.train_max),
-    }
+    result = SyntheticCell(
+        logger.run_id, cfg.task, cfg.pos_encoding, cfg.seed, cfg.scratchpad, cfg.train_max,
+        max(e.length for e in data.test), float(np.mean([ok for ok, o in zip(correct, ood, strict=True) if not o])),
+        float(np.mean([ok for ok, o in zip(correct, ood, strict=True) if o])), module.best_acc, module.best_step,
+        trainer.global_step, round(trained - started, 1), round(evaluated - trained, 1), count_parameters(model),
+        bucket_accuracies(data.evaluation, correct, cfg.train_max, cfg.eval.bucket_width),
+        failures(data.vocab, data.evaluation, generated, correct, cfg.train_max))
     log_run(cfg, result, model)
     return Trained(result, model, data)
 
@@ -253,15 +249,15 @@ def metric_prefix(task: str, pos_encoding: str) -> str:
     return f"synthetic/{task}/{pos_encoding}"
 
 
-def log_run(cfg: SyntheticConfig, result: dict[str, Any], model: GPT) -> None:
+def log_run(cfg: SyntheticConfig, result: SyntheticCell, model: GPT) -> None:
     """Final metrics, ``results.json``, ``per_length_acc.png`` and the selected weights on the run."""
-    run_id, prefix = result["run_id"], metric_prefix(cfg.task, cfg.pos_encoding)
-    metrics = {f"{prefix}/id_acc": result["id_acc"], f"{prefix}/ood_acc": result["ood_acc"],
-               "model/parameters": result["parameters"],
-               **{f"{prefix}/len{b['bucket']}/acc": b["acc"] for b in result["buckets"]}}
-    tracking.log_metrics(cfg.tracking, run_id, metrics, step=result["steps"])
-    tracking.log_json(cfg.tracking, run_id, result, "results.json")
-    curve = {analysis.bucket_start(b["bucket"]): b["acc"] for b in result["buckets"]}
+    run_id, prefix = result.run_id, metric_prefix(cfg.task, cfg.pos_encoding)
+    metrics = {f"{prefix}/id_acc": result.id_acc, f"{prefix}/ood_acc": result.ood_acc,
+               "model/parameters": result.parameters,
+               **{f"{prefix}/len{b.bucket}/acc": b.acc for b in result.buckets}}
+    tracking.log_metrics(cfg.tracking, run_id, metrics, step=result.steps)
+    tracking.log_json(cfg.tracking, run_id, result.to_dict(), "results.json")
+    curve = {analysis.bucket_start(b.bucket): b.acc for b in result.buckets}
     title = f"{cfg.task}: {PAPER_NAMES.get(cfg.pos_encoding, cfg.pos_encoding)}, seed {cfg.seed}"
     tracking.log_figure(cfg.tracking, run_id, analysis.plot_curves({cfg.pos_encoding: curve}, cfg.train_max,
                                                                    title, "exact match"), "per_length_acc.png")
@@ -274,4 +270,14 @@ def log_run(cfg: SyntheticConfig, result: dict[str, Any], model: GPT) -> None:
 
 def run(cfg: SyntheticConfig) -> dict[str, Any]:
     """The ``synthetic`` stage: one (task, PE, seed); returns ``results.json``'s content."""
-    return train_and_evaluate(cfg).result
+    return train_and_evaluate(cfg).result.to_dict()
+
+
+# --- declared results: the registry's ``Stage.results`` (what a later step may reference; the dry run) ---
+
+
+def result_keys(cfg: SyntheticConfig, train_len: int | None = None) -> dict[str, type]:
+    """The scalars of ``results.json`` that ``run`` returns (its per-bucket accuracies and errors are lists)."""
+    return {"run_id": str, "task": str, "pos_encoding": str, "seed": int, "scratchpad": str, "train_max_len": int,
+            "test_max_len": int, "id_acc": float, "ood_acc": float, "best_val_acc": float, "best_step": int,
+            "steps": int, "train_seconds": float, "eval_seconds": float, "parameters": int}

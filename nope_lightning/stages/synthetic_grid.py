@@ -18,6 +18,7 @@ import torch
 
 from nope_lightning import tracking
 from nope_lightning.config import TrainerConfig
+from nope_lightning.results import SyntheticCell, SyntheticGridResult, TaskAttention
 from nope_lightning.stages.synthetic import SyntheticData, Trained, metric_prefix, train_and_evaluate
 from nope_lightning.synthetic import analysis
 from nope_lightning.synthetic.config import PAPER_NAMES, SyntheticGridConfig
@@ -63,27 +64,27 @@ class GridSummary(NamedTuple):
     curves: dict[str, dict[str, dict[int, list[float]]]]
 
 
-def summarise(results: Sequence[dict[str, Any]]) -> GridSummary:
+def summarise(results: Sequence[SyntheticCell]) -> GridSummary:
     ood: dict = defaultdict(lambda: defaultdict(list))
     ids: dict = defaultdict(lambda: defaultdict(list))
     curves: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in results:
-        ood[r["task"]][r["pos_encoding"]].append(r["ood_acc"])
-        ids[r["task"]][r["pos_encoding"]].append(r["id_acc"])
-        for b in r["buckets"]:
-            curves[r["task"]][r["pos_encoding"]][analysis.bucket_start(b["bucket"])].append(b["acc"])
+        ood[r.task][r.pos_encoding].append(r.ood_acc)
+        ids[r.task][r.pos_encoding].append(r.id_acc)
+        for b in r.buckets:
+            curves[r.task][r.pos_encoding][analysis.bucket_start(b.bucket)].append(b.acc)
     return GridSummary(ood, ids, curves)
 
 
-def grid_mrr(results: Sequence[dict[str, Any]], pes: Sequence[str]) -> dict[str, float]:
+def grid_mrr(results: Sequence[SyntheticCell], pes: Sequence[str]) -> dict[str, float]:
     """MRR of the PEs by OOD accuracy over (task, seed) queries, ties averaged."""
-    by_cell = {(r["task"], r["seed"], r["pos_encoding"]): r["ood_acc"] for r in results}
+    by_cell = {(r.task, r.seed, r.pos_encoding): r.ood_acc for r in results}
     queries = sorted({(task, seed) for task, seed, _ in by_cell})
     return analysis.mrr_with_ties({pe: [by_cell[(task, seed, pe)] for task, seed in queries] for pe in pes})
 
 
-def log_grid(grid: SyntheticGridConfig, parent: str, results: list[dict[str, Any]],
-             reports: dict[tuple[str, int], analysis.AttentionReport]) -> dict[str, Any]:
+def log_grid(grid: SyntheticGridConfig, parent: str, results: list[SyntheticCell],
+             reports: dict[tuple[str, int], analysis.AttentionReport]) -> SyntheticGridResult:
     """Tables, MRR, per-length curves and attention plots on the parent run; returns the summary."""
     track, pes = grid.base.tracking, grid.pos_encodings
     summary, mrr = summarise(results), grid_mrr(results, pes)
@@ -98,23 +99,22 @@ def log_grid(grid: SyntheticGridConfig, parent: str, results: list[dict[str, Any
     tracking.log_text(track, parent, "## OOD exact match\n\n" + tables["ood"] + "\n## ID exact match\n\n"
                       + tables["id"], "ood_table.md")
     tracking.log_figure(track, parent, analysis.plot_ood_table(mean_ood, pes, PAPER_NAMES, mrr), "ood_table.png")
-    train_max = {r["task"]: r["train_max_len"] for r in results}
+    train_max = {r.task: r.train_max_len for r in results}
     attention = log_attention(grid, parent, reports, train_max)
     for task in grid.tasks:
         curves = {PAPER_NAMES.get(pe, pe): {x: float(np.mean(v)) for x, v in summary.curves[task][pe].items()}
                   for pe in pes}
         tracking.log_figure(track, parent, analysis.plot_curves(curves, train_max[task], f"{task} (mean over seeds)",
                                                                 "exact match"), f"per_length/{task}.png")
-    out = {"parent_run_id": parent, "mrr": mrr, "ood": mean_ood, "tables": tables, "attention": attention,
-           "runs": [{k: v for k, v in r.items() if k != "errors"} for r in results]}
-    tracking.log_json(track, parent, out, "results.json")
+    out = SyntheticGridResult(parent, mrr, mean_ood, tables, attention, results)
+    tracking.log_json(track, parent, out.to_dict(), "results.json")
     return out
 
 
 def log_attention(grid: SyntheticGridConfig, parent: str, reports: dict[tuple[str, int], analysis.AttentionReport],
-                  train_max: dict[str, int]) -> dict[str, Any]:
+                  train_max: dict[str, int]) -> dict[str, TaskAttention]:
     """Per task: JSD-to-NoPE vs length (mean over seeds) and attended-distance histograms (summed)."""
-    out: dict[str, Any] = {}
+    out: dict[str, TaskAttention] = {}
     for task in grid.tasks:
         cells = [report for (t, _), report in reports.items() if t == task]
         if not cells:
@@ -136,8 +136,8 @@ def log_attention(grid: SyntheticGridConfig, parent: str, reports: dict[tuple[st
         tracking.log_figure(track, parent, analysis.plot_distance_hist(
             hist, cells[0].edges, f"{task}: attended distance, OOD output queries"),
             f"attention/distance_{task}.png")
-        out[task] = {"jsd": jsd, "jsd_by_layer": by_layer, "hist": {pe: counts.tolist() for pe, counts in hist.items()},
-                     "edges": cells[0].edges.tolist()}
+        out[task] = TaskAttention(jsd, by_layer, {pe: counts.tolist() for pe, counts in hist.items()},
+                                  cells[0].edges.tolist())
     return out
 
 
@@ -146,7 +146,7 @@ def run(cfg: SyntheticGridConfig) -> dict[str, Any]:
     track = cfg.base.tracking
     parent = tracking.create_run(track, "synthetic-grid", cfg.run_name, cfg)
     try:
-        results: list[dict[str, Any]] = []
+        results: list[SyntheticCell] = []
         reports: dict[tuple[str, int], analysis.AttentionReport] = {}
         # One (task, seed) at a time, so only its PEs' models are held for the attention analysis.
         for (task, seed), cells in itertools.groupby(cfg.cells(parent), key=lambda c: (c.task, c.seed)):
@@ -159,4 +159,4 @@ def run(cfg: SyntheticGridConfig) -> dict[str, Any]:
         tracking.end_run(track, parent, "FAILED")
         raise
     tracking.end_run(track, parent)
-    return summary
+    return summary.to_dict()

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from nope_lightning.markdown_table import render as render_table
 from nope_lightning.model import GPT
 from nope_lightning.model.probes import attention_logits, attention_probe
 
@@ -179,13 +180,10 @@ def mean_std(values: Sequence[float]) -> str:
 def markdown_table(values: Mapping[str, Mapping[str, Sequence[float]]], columns: Sequence[str],
                    labels: Mapping[str, str], mrr: Mapping[str, float] | None = None) -> str:
     """Rows ``values[row][column]`` (a value per seed) as ``mean ± std``, with an optional MRR row."""
-    header = ["task", *(labels.get(c, c) for c in columns)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join([row, *(mean_std(cells[c]) for c in columns)]) + " |"
-              for row, cells in values.items()]
+    rows = [[row, *(mean_std(cells[c]) for c in columns)] for row, cells in values.items()]
     if mrr is not None:
-        lines.append("| " + " | ".join(["**MRR**", *(f"{mrr[c]:.2f}" for c in columns)]) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(["**MRR**", *(f"{mrr[c]:.2f}" for c in columns)])
+    return render_table(["task", *(labels.get(c, c) for c in columns)], rows) + "\n"
 
 
 def bucket_start(label: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,12 +239,32 @@ def record_run(out: Path, cfg: Any, run_id: str) -> None:
     (out / RUN_ID_FILE).write_text(run_id)
 
 
+def fit_result_keys(length: int) -> dict[str, type]:
+    """What a stage that trained with ``ResumableFit.fit`` returns: its run, out_dir, optimizer steps and
+    processes, and the last logged training loss and learning rate and validation loss (nats) and perplexity
+    at ``length`` tokens."""
+    return {"run_id": str, "out_dir": str, "step": int, "world_size": int, "train/loss": float,
+            "train/lr": float, f"val/len{length}/loss": float, f"val/len{length}/ppl": float}
+
+
 def training_tokens(trainer: TrainerConfig, steps: int, batch_size: int, length: int) -> int:
     """Tokens a training run reads: optimizer steps x per-process batch x processes x accumulation x length."""
     return steps * batch_size * trainer.devices * trainer.num_nodes * trainer.accumulate_grad_batches * length
 
 
+class OutDirCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint``, less its "Checkpoint directory … exists and is not empty" warning: the
+    folder is the out_dir's own, which ``check_resumable`` accepted (same config, intact checkpoints) and whose
+    lock this process holds, so a resumed run finding its checkpoints there is the expected case, not a hazard.
+    Lightning has no setting for it: the warning is filtered, by its text, around ``setup`` only."""
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            super().setup(trainer, pl_module, stage)
+
+
 def checkpoint_callback(out: Path, every: int, max_steps: int) -> ModelCheckpoint:
     """``out/checkpoints/step*.ckpt`` every ``every`` optimizer steps (0: at the end) and ``last.ckpt``."""
-    return ModelCheckpoint(dirpath=out / "checkpoints", filename="step{step:06d}", save_last=True,
-                           every_n_train_steps=every or max_steps, save_top_k=-1, auto_insert_metric_name=False)
+    return OutDirCheckpoint(dirpath=out / "checkpoints", filename="step{step:06d}", save_last=True,
+                            every_n_train_steps=every or max_steps, save_top_k=-1, auto_insert_metric_name=False)
