@@ -18,12 +18,12 @@ import json
 import numpy as np
 import torch
 
+from nope_lightning.analysis.stats import blocks, bootstrap
 from nope_lightning.checkpoint import load_model
 from nope_lightning.config import TrackingConfig
 from nope_lightning.data import TextTokenizer
 from nope_lightning.eval.perplexity import scoring_windows, split_documents_of, spread, target_ends
 from nope_lightning.eval.summary import block_size
-from nope_lightning.stats import blocks, bootstrap
 
 
 @torch.no_grad()

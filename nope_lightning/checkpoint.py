@@ -25,15 +25,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from nope_lightning import tracking as tr
-from nope_lightning.config import (
-    AttentionTemperature,
-    PretrainConfig,
-    RopeScalingConfig,
-    TrackingConfig,
-    load_config,
-    to_yaml,
-)
-from nope_lightning.model import GPT
+from nope_lightning.config.core import load_config, to_yaml
+from nope_lightning.config.parts import AttentionTemperature, RopeScalingConfig, TrackingConfig
+from nope_lightning.config.stages import PretrainConfig
+from nope_lightning.model.gpt import GPT
 from nope_lightning.model.temperature import apply_settings
 
 WEIGHTS, CONFIG, TOKENIZER, META = "model.safetensors", "config.yaml", "tokenizer.json", "meta.json"

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from nope_lightning import quiet
-from nope_lightning.config import to_yaml
-from nope_lightning.run import STAGES, run_stage, stage_config
+from nope_lightning.config.core import to_yaml
+from nope_lightning.pipeline.registry import STAGES, run_stage, stage_config
 
 DESCRIPTION = "Length generalization without position encoding (NoPE): pretraining, temperature search, " \
               "HeadScale, RoPE/ALiBi baselines, evaluation and reports."

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from nope_lightning import tracking
 from nope_lightning.checkpoint import LoadedModel, load_model, resolve_reference, weights_fingerprint
-from nope_lightning.config import AttentionTemperature, ExtensionConfig, TrackingConfig
-from nope_lightning.results import ScaleSearchResult
+from nope_lightning.config.parts import AttentionTemperature, TrackingConfig
+from nope_lightning.config.stages import ExtensionConfig
+from nope_lightning.results.search import ScaleSearchResult
 
 
 def load_extended(checkpoint: str, ext: ExtensionConfig, tracking_cfg: TrackingConfig) -> LoadedModel:

@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nope_lightning.config import TrackingConfig, flatten, to_dict, to_yaml
+from nope_lightning.config.core import flatten, to_dict, to_yaml
+from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.locks import file_lock
 
 PARENT_TAG = "mlflow.parentRunId"

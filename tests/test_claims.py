@@ -10,11 +10,11 @@ import math
 import numpy as np
 import pytest
 
-from nope_lightning.claims import Outcome, evaluate_claim, verdict
-from nope_lightning.paper import CLAIMS_BY_ID, Claim
+from nope_lightning.analysis.claims import Outcome, evaluate_claim, verdict
+from nope_lightning.analysis.paper import CLAIMS_BY_ID, Claim
+from nope_lightning.analysis.stats import Interval
+from nope_lightning.analysis.tables import BIASED, BIASED_NOTE, claims_table, paired_table
 from nope_lightning.results import Curve, EvaluationResult, ScaleSearchResult
-from nope_lightning.stats import Interval
-from nope_lightning.tables import BIASED, BIASED_NOTE, claims_table, paired_table
 
 L, S, WINDOWS = 128, 64, 400
 RESAMPLES = 500

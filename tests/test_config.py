@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from nope_lightning.config import EvaluateConfig, PretrainConfig, load_config, to_yaml
-from nope_lightning.run import STAGES, stage_config
+from nope_lightning.pipeline.registry import STAGES, stage_config
 from tests.conftest import REPO
 
 #: Overrides a stage needs to validate without a real run (required fields).

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nope_lightning.run import run_stage, stage_config
-from nope_lightning.steps import expand
+from nope_lightning.pipeline.registry import run_stage, stage_config
+from nope_lightning.pipeline.steps import expand
 from tests.conftest import REPO
 
 EXPERIMENTS = sorted((REPO / "experiments").glob("*.yaml"))
@@ -210,7 +210,7 @@ def test_seeds_and_a_matrix_expand_every_step_with_its_own_references(dry_run, t
     ({"claims": ["nope_breaks_past_L"]},
      "claim 'nope_breaks_past_L' compares method 'nope', which no step of pipeline 'grid' runs"),
     ({"claims": ["nope_breaks_past"]}, "unknown claim 'nope_breaks_past'; did you mean 'nope_breaks_past_L'?"),
-    ({"sweep": {"x": "tokens"}}, "sweep={'x': 'tokens'}: give sweep={x: <matrix key>, lines: <matrix key>}"),
+    ({"sweep": {"x": "tokens"}}, "sweep={'x': 'tokens'}: give sweep={x: <matrix key>, lines: <matrix key>, <role>: "),
 ])
 def test_bad_pipeline_settings_fail_in_one_line_before_anything_runs(tmp_path, tracking_overrides, fields, expected):
     with pytest.raises(ValueError) as err:

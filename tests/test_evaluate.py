@@ -26,7 +26,7 @@ from nope_lightning.eval.perplexity import (
 )
 from nope_lightning.model import GPT
 from nope_lightning.model.probes import attention_probs
-from nope_lightning.run import run_stage, stage_config
+from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.tracking import download
 
 VOCAB, L, S = 61, 12, 4

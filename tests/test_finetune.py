@@ -20,7 +20,7 @@ from nope_lightning.config import (
     load_config,
 )
 from nope_lightning.extension import load_extended
-from nope_lightning.run import run_stage, stage_config
+from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.stages import finetune
 from nope_lightning.training import trainer as trainer_module
 from tests.conftest import REPO

@@ -24,6 +24,7 @@ from nope_lightning.config import (
     AttentionTemperature,
     ExtensionConfig,
     HeadScaleConfig,
+    HeadScaleSearchConfig,
     TrackingConfig,
     load_config,
 )
@@ -31,7 +32,6 @@ from nope_lightning.extension import load_extended
 from nope_lightning.model import count_parameters, set_temperatures, temperatures
 from nope_lightning.results import HeadScaleResult
 from nope_lightning.stages import headscale
-from nope_lightning.stages.headscale_search import HeadScaleSearchConfig
 from nope_lightning.stages.headscale_search import run as run_search
 from tests.conftest import REPO
 

@@ -186,3 +186,68 @@ def test_no_module_outgrows_its_line_budget(tmp_path):
     (tmp_path / "pkg" / "stages" / "stage.py").write_text("x = 1\n" * 301)
     assert oversized(tmp_path / "pkg") == ["pkg/big.py: 401 lines (budget 400)",
                                            "pkg/stages/stage.py: 301 lines (budget 300)"]
+
+
+#: The package's layers, lowest first: a module may import its own layer's modules and lower ones, never a higher
+#: layer's. Each entry is a module or a package prefix; every module must fall in exactly one layer, so a new
+#: module is placed on purpose. The stage registry sits low because stages dispatch through it (a search's trial
+#: is a stage run) while it imports only configs and the store; the rest of ``pipeline`` orchestrates the stages.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # 1. schemas and pure data: configs, the papers' numbers, result files, task generators, small utilities
+    ("nope_lightning.config", "nope_lightning.analysis.paper", "nope_lightning.results",
+     "nope_lightning.synthetic.core", "nope_lightning.synthetic.tasks", "nope_lightning.synthetic.scan",
+     "nope_lightning.synthetic.pcfg", "nope_lightning.synthetic.algorithmic", "nope_lightning.synthetic.sequence",
+     "nope_lightning.synthetic.scratchpad", "nope_lightning.synthetic.vocab", "nope_lightning.synthetic",
+     "nope_lightning.locks", "nope_lightning.progress", "nope_lightning.quiet", "nope_lightning.metrics",
+     "nope_lightning.search", "nope_lightning.pipeline.runkey", "nope_lightning.analysis.markdown",
+     "nope_lightning.analysis.log_law", "nope_lightning.data.fetch", "nope_lightning.data.tokenizer"),
+    # 2. building blocks: the model, the data, the store and the stage registry, statistics
+    ("nope_lightning.model", "nope_lightning.data", "nope_lightning.tracking", "nope_lightning.pipeline.registry",
+     "nope_lightning.analysis.stats", "nope_lightning.eval.generate", "nope_lightning.eval.longbench_metrics"),
+    # 3. checkpoints and training
+    ("nope_lightning.checkpoint", "nope_lightning.training", "nope_lightning.extension"),
+    # 4. measurement
+    ("nope_lightning.eval", "nope_lightning.synthetic.analysis"),
+    # 5. the study's analysis
+    ("nope_lightning.analysis",),
+    # 6. stages
+    ("nope_lightning.stages",),
+    # 7. orchestration: experiment files expanded, dry-run, run; the command line
+    ("nope_lightning.pipeline", "nope_lightning.cli"),
+)
+
+
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> int | None:
+    """The layer (0 = lowest) whose longest matching entry names ``module``; None when no entry does."""
+    best: tuple[int, int] | None = None
+    for number, entries in enumerate(layers):
+        for entry in entries:
+            if (module == entry or module.startswith(entry + ".")) and (best is None or len(entry) > best[1]):
+                best = (number, len(entry))
+    return best[0] if best else None
+
+
+def upward(found: list[Import], layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[str]:
+    """``importer (layer) -> target (layer)`` for every import that points from a lower layer to a higher one."""
+    return sorted({f"{i.importer} ({layer_of(i.importer, layers) + 1}) -> {i.target} ({layer_of(i.target, layers) + 1})"
+                   for i in found if layer_of(i.importer, layers) < layer_of(i.target, layers)})
+
+
+def test_every_module_sits_in_a_layer_and_imports_only_its_own_or_lower_layers():
+    root = REPO / "nope_lightning"
+    modules = [module_name(path, root) for path in sorted(root.rglob("*.py"))]
+    unplaced = [m for m in modules if m != "nope_lightning" and layer_of(m) is None]
+    assert not unplaced, "modules in no layer (add them to LAYERS):\n" + "\n".join(unplaced)
+    arrows = upward(package_imports(root))
+    assert not arrows, "imports from a lower layer to a higher one:\n" + "\n".join(arrows)
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    files = {"__init__.py": "", "low.py": "from pkg import high\n", "high.py": "from pkg import low\n",
+             "mid.py": "from pkg import low\n"}
+    for name, text in files.items():
+        (tmp_path / "pkg" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pkg" / name).write_text(text)
+    layers = (("pkg.low",), ("pkg.mid",), ("pkg.high",))
+    assert layer_of("pkg.mid", layers) == 1 and layer_of("pkg.other", layers) is None
+    assert upward(package_imports(tmp_path / "pkg"), layers) == ["pkg.low (1) -> pkg.high (3)"]

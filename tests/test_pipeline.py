@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from nope_lightning.config import PipelineStep, load_config
-from nope_lightning.run import get_stage, run_stage, stage_config
-from nope_lightning.runkey import RunKey
-from nope_lightning.steps import Instance, expand, step_config, step_hash, substitute
+from nope_lightning.pipeline.registry import get_stage, run_stage, stage_config
+from nope_lightning.pipeline.runkey import RunKey
+from nope_lightning.pipeline.steps import Instance, expand, step_config, step_hash, substitute
 from tests.conftest import REPO
 
 PIPELINE = str(REPO / "experiments/tiny.yaml")
@@ -137,7 +137,7 @@ def dead(pid: int) -> bool:
 
 def test_a_stopped_pipeline_kills_its_steps_process_group(tmp_path):
     """SIGTERM to the pipeline while it waits for a step: the step and what the step started are killed."""
-    from nope_lightning.stages.pipeline import kill_group, signals_raise
+    from nope_lightning.pipeline.runner import kill_group, signals_raise
 
     pid_file = tmp_path / "grandchild"
     proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "

@@ -19,8 +19,9 @@ import optuna
 import pytest
 
 from nope_lightning import cli
-from nope_lightning.run import run_stage, stage_config
-from nope_lightning.search import fit_log_scale, open_study
+from nope_lightning.analysis.log_law import fit_log_scale
+from nope_lightning.pipeline.registry import run_stage, stage_config
+from nope_lightning.search import open_study
 
 
 def test_fit_recovers_a_and_r2():

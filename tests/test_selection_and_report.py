@@ -10,15 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from nope_lightning.claims import Outcome, evaluate_claim
-from nope_lightning.config import PipelineConfig, PipelineStep, ScaleSearchConfig, load_config
-from nope_lightning.eval.summary import octaves
-from nope_lightning.paper import CLAIMS_BY_ID, TABLE4
-from nope_lightning.results import EvaluationResult, ScaleSearchResult
-from nope_lightning.stages.report import report_html
-from nope_lightning.stages.scale_search import trial_config
-from nope_lightning.stats import Interval, t_interval, wilson
-from nope_lightning.tables import (
+from nope_lightning.analysis.claims import Outcome, evaluate_claim
+from nope_lightning.analysis.paper import CLAIMS_BY_ID, TABLE4
+from nope_lightning.analysis.stats import Interval, t_interval, wilson
+from nope_lightning.analysis.tables import (
     MISSING,
     RECIPE_KEYS,
     Methods,
@@ -29,6 +24,11 @@ from nope_lightning.tables import (
     recipe_section,
     search_section,
 )
+from nope_lightning.config import PipelineConfig, PipelineStep, ScaleSearchConfig, load_config
+from nope_lightning.eval.summary import octaves
+from nope_lightning.results import EvaluationResult, ScaleSearchResult
+from nope_lightning.stages.report import report_html
+from nope_lightning.stages.scale_search import trial_config
 from tests.conftest import REPO
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from nope_lightning.stats import (
+from nope_lightning.analysis.stats import (
     MIN_RESAMPLES,
     UNIT,
     Interval,

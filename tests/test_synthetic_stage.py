@@ -11,6 +11,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from nope_lightning.config import load_config
+from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
 from nope_lightning.results import BucketAccuracy
 from nope_lightning.stages import synthetic as stage
 from nope_lightning.stages import synthetic_grid
@@ -22,7 +23,6 @@ from nope_lightning.synthetic.analysis import (
     min_head_jsd,
     mrr_with_ties,
 )
-from nope_lightning.synthetic.config import SyntheticConfig, SyntheticGridConfig
 from tests.conftest import REPO
 
 TINY = REPO / "conf/synthetic/tiny.yaml"

@@ -1,7 +1,8 @@
 """Typed configuration: one dataclass per stage, merged defaults <- YAML <- ``key=value`` overrides.
 
 ``core`` holds the merge (``load_config``) and the checks, ``parts`` the shared sections (model, data, optimizer,
-trainer, tracking, retrieval mix), ``stages`` the stage configs, ``pipeline`` the experiment-file schema.
+trainer, tracking, retrieval mix), ``stages`` the stage configs, ``search`` HeadScale's Optuna search, ``synthetic`` the paper-002 task suite's,
+``pipeline`` the experiment-file schema.
 Everything is importable from here.
 """
 
@@ -40,6 +41,7 @@ from nope_lightning.config.parts import (
     small_recipe_trainer,
 )
 from nope_lightning.config.pipeline import PipelineConfig, PipelineStep, ReportConfig
+from nope_lightning.config.search import HeadScaleSearchConfig
 from nope_lightning.config.stages import (
     EvaluateConfig,
     ExtensionConfig,
@@ -49,13 +51,15 @@ from nope_lightning.config.stages import (
     PretrainConfig,
     ScaleSearchConfig,
 )
+from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
 
 __all__ = [
     "ACCELERATORS", "ATTENTION_BACKENDS", "DATA_MIXES", "LONGCTX_TASKS", "MIN_RESAMPLES", "PASSKEY_PROMPTS",
     "POS_ENCODINGS", "PRECISIONS", "RETRIEVAL_FILLERS", "RETRIEVAL_LENGTHS", "ROPE_SCALINGS", "SPLITS", "STRATEGIES",
     "AttentionTemperature", "DataConfig", "EvaluateConfig", "ExtensionConfig", "FinetuneConfig", "HeadScaleConfig",
+    "HeadScaleSearchConfig",
     "ModelConfig", "OptimConfig", "PipelineConfig", "PipelineStep", "PrepareConfig", "PretrainConfig",
-    "ReportConfig", "RetrievalConfig", "RopeScalingConfig", "ScaleSearchConfig", "TrackingConfig", "TrainerConfig",
+    "ReportConfig", "RetrievalConfig", "RopeScalingConfig", "ScaleSearchConfig", "SyntheticConfig", "SyntheticGridConfig", "TrackingConfig", "TrainerConfig",
     "check_bootstrap", "check_choice", "check_range", "check_target_length", "flatten", "load_config",
     "small_recipe_trainer", "to_dict", "to_yaml",
 ]

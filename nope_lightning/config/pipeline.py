@@ -5,9 +5,9 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
+from nope_lightning.analysis.paper import CLAIMS_BY_ID, row_problem
 from nope_lightning.config.core import check_bootstrap
 from nope_lightning.config.parts import TrackingConfig
-from nope_lightning.paper import CLAIMS_BY_ID, row_problem
 
 #: The report's method families: ``nope`` is NoPE and its temperature repairs (drawn together in the report's
 #: NoPE figure; every other method is drawn in the baselines figure, beside the reference).

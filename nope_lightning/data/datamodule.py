@@ -24,7 +24,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
-from nope_lightning.config import DataConfig
+from nope_lightning.config.parts import DataConfig
 from nope_lightning.data.prepare import PreparedData, prepare
 from nope_lightning.data.retrieval import RetrievalMix
 

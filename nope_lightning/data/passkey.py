@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import cycle
 
-from nope_lightning.config import PASSKEY_PROMPTS
+from nope_lightning.config.core import PASSKEY_PROMPTS
 from nope_lightning.data.tokenizer import TextTokenizer
 
 TASK_LINE = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from nope_lightning.config import DataConfig
+from nope_lightning.config.parts import DataConfig
 from nope_lightning.data.corpus import Document, corpus_sources, load_documents, split_documents
 from nope_lightning.data.tokenizer import TextTokenizer
 from nope_lightning.locks import file_lock

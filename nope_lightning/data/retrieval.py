@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from nope_lightning.config import RETRIEVAL_FILLERS, RETRIEVAL_LENGTHS, RetrievalConfig
+from nope_lightning.config.core import RETRIEVAL_FILLERS, RETRIEVAL_LENGTHS
+from nope_lightning.config.parts import RetrievalConfig
 from nope_lightning.data.passkey import PasskeyPromptBuilder
 
 #: Fewest haystack tokens a retrieval sequence holds (else the "retrieval" is a copy from a few tokens back).

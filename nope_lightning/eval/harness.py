@@ -47,8 +47,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from nope_lightning import quiet
-from nope_lightning.config import ExtensionConfig, TrackingConfig
-from nope_lightning.data import TextTokenizer
+from nope_lightning.config.parts import TrackingConfig
+from nope_lightning.config.stages import ExtensionConfig
+from nope_lightning.data.tokenizer import TextTokenizer
 from nope_lightning.eval.generate import greedy_generate, length_dependent
 from nope_lightning.extension import load_extended
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from nope_lightning.config import EvaluateConfig
+from nope_lightning.config.stages import EvaluateConfig
 from nope_lightning.data.tokenizer import TextTokenizer
 from nope_lightning.eval.generate import greedy_generate
 from nope_lightning.eval.longbench_metrics import count_score, retrieval_score

@@ -10,11 +10,11 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nope_lightning.config import EvaluateConfig
+from nope_lightning.analysis.stats import wilson
+from nope_lightning.config.stages import EvaluateConfig
 from nope_lightning.data.passkey import PasskeyPromptBuilder, PasskeySample, make_passkey_samples
 from nope_lightning.eval.generate import greedy_generate
-from nope_lightning.results import PasskeyCell, PasskeyOutcome, PasskeyResults
-from nope_lightning.stats import wilson
+from nope_lightning.results.passkey import PasskeyCell, PasskeyOutcome, PasskeyResults
 
 
 def score_passkey(generated_text: str, key: str) -> bool:

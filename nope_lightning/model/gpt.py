@@ -31,7 +31,7 @@ from litgpt.config import Config
 from litgpt.model import RMSNorm
 from torch import nn
 
-from nope_lightning.config import ModelConfig
+from nope_lightning.config.parts import ModelConfig
 from nope_lightning.model.attention import Attention, Block, LayerCache, alibi_slopes, t5_buckets
 from nope_lightning.model.rope_scaling import rope_cos_sin, scaled_inv_freq
 from nope_lightning.model.temperature import Temperature, apply_settings

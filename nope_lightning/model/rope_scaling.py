@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from nope_lightning.config import RopeScalingConfig
+from nope_lightning.config.parts import RopeScalingConfig
 
 
 def base_inv_freq(head_size: int, base: float) -> torch.Tensor:

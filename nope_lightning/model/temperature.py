@@ -36,7 +36,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from nope_lightning.config import AttentionTemperature
+from nope_lightning.config.parts import AttentionTemperature
 
 
 @dataclass(frozen=True)

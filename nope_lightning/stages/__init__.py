@@ -1,1 +1,1 @@
-"""One module per stage; ``nope_lightning.run.STAGES`` maps stage names to their entry points."""
+"""One module per stage; ``nope_lightning.pipeline.registry.STAGES`` maps stage names to their entry points."""

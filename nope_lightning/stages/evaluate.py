@@ -21,11 +21,13 @@ import numpy as np
 import torch
 
 from nope_lightning import tracking
+from nope_lightning.analysis import plots
 from nope_lightning.checkpoint import LoadedModel
-from nope_lightning.config import EvaluateConfig, to_dict
-from nope_lightning.data import TextTokenizer
+from nope_lightning.config.core import to_dict
+from nope_lightning.config.stages import EvaluateConfig
 from nope_lightning.data.corpus import corpus_label
-from nope_lightning.eval import longctx, plots, summary
+from nope_lightning.data.tokenizer import TextTokenizer
+from nope_lightning.eval import longctx, summary
 from nope_lightning.eval.harness import check_harness_tasks, run_harness
 from nope_lightning.eval.longbench import check_longbench, run_longbench
 from nope_lightning.eval.passkey import passkey_samples, run_passkey
@@ -42,7 +44,7 @@ from nope_lightning.eval.perplexity import (
 )
 from nope_lightning.extension import extension_label, load_extended
 from nope_lightning.model.temperature import temperatures
-from nope_lightning.results import EvaluationResult
+from nope_lightning.results.evaluation import EvaluationResult
 from nope_lightning.training.trainer import build_trainer, check_strategy
 
 

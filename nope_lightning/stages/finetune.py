@@ -25,26 +25,19 @@ from lightning.pytorch import Trainer, seed_everything
 
 from nope_lightning import tracking
 from nope_lightning.checkpoint import CONFIG, LoadedModel, export_model, load_model, resolve_reference
-from nope_lightning.config import FinetuneConfig, PretrainConfig, RopeScalingConfig, load_config
-from nope_lightning.data import PackedDataModule, PreparedData, prepare
+from nope_lightning.config.core import load_config
+from nope_lightning.config.parts import RopeScalingConfig
+from nope_lightning.config.stages import FinetuneConfig, PretrainConfig
+from nope_lightning.data.datamodule import PackedDataModule
+from nope_lightning.data.prepare import PreparedData, prepare
 from nope_lightning.data.retrieval import recipe_mix
-from nope_lightning.training.module import CausalLM, check_target_len, check_tokenizer, trained_model
+from nope_lightning.training.budget import check_rope_model, check_target_len
+from nope_lightning.training.module import CausalLM, check_tokenizer, trained_model
 from nope_lightning.training.trainer import ResumableFit, check_strategy, fit_result_keys, resumable_fit
 
 #: Sections that must match for a run to continue from the checkpoint in its out_dir.
 RESUME_KEYS = ("checkpoint", "target_len", "rope_scaling", "data_mix", "budget", "raw_multiplier", "steps", "batch_size",
                "seed", "optim")
-
-
-def check_rope_model(cfg: PretrainConfig, ref: str) -> None:
-    """Only a RoPE model without a scaling of its own can be fine-tuned with PI/YaRN."""
-    model = cfg.model
-    if model.pos_encoding != "rope":
-        raise ValueError(f"checkpoint={ref} is a {model.pos_encoding} model; finetune extends RoPE models with "
-                         f"PI/YaRN (extend a NoPE model with the headscale stage or evaluate extension.temperature.uniform=)")
-    if model.rope_scaling.method != "none":
-        raise ValueError(f"checkpoint={ref} already uses rope_scaling={model.rope_scaling.method} "
-                         f"(factor {model.rope_scaling.factor:g}); fine-tune the original RoPE export instead")
 
 
 def target_scaling(cfg: FinetuneConfig, train_len: int) -> RopeScalingConfig:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nope_lightning.config import PrepareConfig
-from nope_lightning.data import prepare
+from nope_lightning.config.stages import PrepareConfig
+from nope_lightning.data.prepare import prepare
 
 SPLITS = ("train", "val", "test")
 

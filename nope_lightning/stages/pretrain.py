@@ -9,56 +9,23 @@ safetensors + config + tokenizer, also logged as the MLflow artifact ``model``).
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import seed_everything
 
 from nope_lightning import tracking
 from nope_lightning.checkpoint import export_model
-from nope_lightning.config import PretrainConfig
-from nope_lightning.data import PackedDataModule, prepare
-from nope_lightning.data.corpus import corpus_label
+from nope_lightning.config.stages import PretrainConfig
+from nope_lightning.data.datamodule import PackedDataModule
+from nope_lightning.data.prepare import prepare
 from nope_lightning.data.retrieval import recipe_mix
-from nope_lightning.model import GPT, count_parameters
-from nope_lightning.model.gpt import non_embedding_parameters
+from nope_lightning.model.gpt import GPT, count_parameters, non_embedding_parameters
+from nope_lightning.training.budget import default_name, output_dir, training_tokens, with_budget
 from nope_lightning.training.module import CausalLM, trained_model
-from nope_lightning.training.trainer import (
-    ResumableFit,
-    check_strategy,
-    fit_result_keys,
-    resumable_fit,
-    training_tokens,
-)
+from nope_lightning.training.trainer import ResumableFit, check_strategy, fit_result_keys, resumable_fit
 
 #: Sections that must match for a run to continue from a checkpoint (max_steps may grow, tracking may move).
 RESUME_KEYS = ("model", "data", "optim", "retrieval", "train_len", "batch_size", "seed")
-
-
-def default_name(cfg: PretrainConfig) -> str:
-    """``pretrain-<pe>[-ssmax]-<corpus>-L<train_len>-s<seed>``: replicates of one recipe (seeds) never share
-    an out_dir; other differences need their own ``name=`` (a resumed out_dir refuses another config)."""
-    corpus = corpus_label(cfg.data.corpus)
-    ssmax = "-ssmax" if cfg.model.ssmax else ""
-    return f"pretrain-{cfg.model.pos_encoding}{ssmax}-{corpus}-L{cfg.train_len}-s{cfg.seed}"
-
-
-def with_budget(cfg: PretrainConfig) -> PretrainConfig:
-    """``cfg`` with ``trainer.max_steps`` set from ``tokens_per_parameter`` (when given): that many tokens per
-    non-embedding parameter, in whole steps; one line when the budget rounds to no step at all."""
-    if cfg.tokens_per_parameter is None:
-        return cfg
-    parameters = non_embedding_parameters(cfg.model, cfg.train_len)
-    per_step = training_tokens(cfg.trainer, 1, cfg.batch_size, cfg.train_len)
-    steps = round(cfg.tokens_per_parameter * parameters / per_step)
-    if steps < 1:
-        raise ValueError(f"tokens_per_parameter={cfg.tokens_per_parameter:g} x {parameters} non-embedding parameters "
-                         f"is less than one optimizer step of {per_step} tokens: a token budget of 0; raise it")
-    return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, max_steps=steps))
-
-
-def output_dir(cfg: PretrainConfig) -> Path:
-    return Path(cfg.out_dir or f"mlruns/checkpoints/pretrain/{cfg.name or default_name(cfg)}")
 
 
 def run(cfg: PretrainConfig) -> dict[str, Any]:

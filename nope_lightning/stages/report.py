@@ -25,13 +25,15 @@ from typing import Any
 import markdown
 import numpy as np
 
-from nope_lightning import claims, sweep, tables, tracking
-from nope_lightning.config import PipelineConfig, ReportConfig, load_config
-from nope_lightning.eval import plots
-from nope_lightning.paper import CLAIMS_BY_ID
-from nope_lightning.results import Curve, EvaluationResult, ScaleSearchResult
-from nope_lightning.runkey import RunKey
-from nope_lightning.stats import t_interval
+from nope_lightning import tracking
+from nope_lightning.analysis import claims, plots, sweep, tables
+from nope_lightning.analysis.paper import CLAIMS_BY_ID
+from nope_lightning.analysis.stats import t_interval
+from nope_lightning.config.core import load_config
+from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
+from nope_lightning.pipeline.runkey import RunKey
+from nope_lightning.results.evaluation import Curve, EvaluationResult
+from nope_lightning.results.search import ScaleSearchResult
 
 
 def pipeline_runs(cfg: ReportConfig) -> list[tuple[Any, RunKey]]:

@@ -25,19 +25,17 @@ import numpy as np
 import optuna
 
 from nope_lightning import tracking
+from nope_lightning.analysis import plots
+from nope_lightning.analysis.log_law import best_on_grid, fit_log_scale, position_fit_units
+from nope_lightning.analysis.stats import blocks, bootstrap
 from nope_lightning.checkpoint import load_model
-from nope_lightning.config import (
-    AttentionTemperature,
-    EvaluateConfig,
-    ExtensionConfig,
-    ScaleSearchConfig,
-    flatten,
-    to_dict,
-)
-from nope_lightning.eval import plots
+from nope_lightning.config.core import flatten, to_dict
+from nope_lightning.config.parts import AttentionTemperature
+from nope_lightning.config.stages import EvaluateConfig, ExtensionConfig, ScaleSearchConfig
 from nope_lightning.eval.summary import block_size
-from nope_lightning.results import (
-    EvaluationResult,
+from nope_lightning.pipeline.registry import run_stage
+from nope_lightning.results.evaluation import EvaluationResult
+from nope_lightning.results.search import (
     LogFit,
     PositionBest,
     ScaleSearchResult,
@@ -45,17 +43,8 @@ from nope_lightning.results import (
     SearchTrial,
     SelectionIntervals,
 )
-from nope_lightning.run import run_stage
-from nope_lightning.search import (
-    best_on_grid,
-    fit_log_scale,
-    model_label,
-    open_study,
-    position_fit_units,
-    study_name,
-)
-from nope_lightning.stats import blocks, bootstrap
-from nope_lightning.training.module import check_target_len
+from nope_lightning.search import model_label, open_study, study_name
+from nope_lightning.training.budget import check_target_len
 
 
 def trial_config(cfg: ScaleSearchConfig, temperature: float, parent_run_id: str, number: int) -> EvaluateConfig:

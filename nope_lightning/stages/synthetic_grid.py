@@ -17,11 +17,11 @@ import numpy as np
 import torch
 
 from nope_lightning import tracking
-from nope_lightning.config import TrainerConfig
-from nope_lightning.results import SyntheticCell, SyntheticGridResult, TaskAttention
+from nope_lightning.config.parts import TrainerConfig
+from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticGridConfig
+from nope_lightning.results.synthetic import SyntheticCell, SyntheticGridResult, TaskAttention
 from nope_lightning.stages.synthetic import SyntheticData, Trained, metric_prefix, train_and_evaluate
 from nope_lightning.synthetic import analysis
-from nope_lightning.synthetic.config import PAPER_NAMES, SyntheticGridConfig
 
 
 def analysis_device(cfg: TrainerConfig) -> torch.device:

@@ -25,8 +25,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from nope_lightning.markdown_table import render as render_table
-from nope_lightning.model import GPT
+from nope_lightning.analysis.markdown import render as render_table
+from nope_lightning.model.gpt import GPT
 from nope_lightning.model.probes import attention_logits, attention_probe
 
 # --- ranking ----------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The causal-LM LightningModule shared by the training stages (pretrain, finetune, headscale, synthetic), the
 trained model gathered on rank 0 (``trained_state``, ``trained_model``), and the checks on a loaded model's
-inputs that the length-extension stages share (``check_target_len``, ``check_tokenizer``).
+inputs that the length-extension stages share (``check_tokenizer``; the target-length check is ``budget.py``'s).
 
 Subclasses override one hook: ``trainable_parameters`` (what the optimizer sees) and, if needed,
 ``param_groups``. Batches are (B, T+1) token windows: inputs ``[:, :-1]``, targets ``[:, 1:]``.
@@ -22,9 +22,9 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from nope_lightning.checkpoint import LoadedModel, legacy_renamed
-from nope_lightning.config import OptimConfig, PretrainConfig
-from nope_lightning.data import PreparedData
-from nope_lightning.model import GPT
+from nope_lightning.config.parts import OptimConfig
+from nope_lightning.data.prepare import PreparedData
+from nope_lightning.model.gpt import GPT
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -36,15 +36,6 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float
 
 
 # --- checks and state shared by the stages that train a loaded model (headscale, finetune) ---------------
-
-
-def check_target_len(cfg: PretrainConfig, target_len: int) -> None:
-    """``target_len`` must extend the model (> train_len) and fit it (<= model.max_positions)."""
-    if target_len <= cfg.train_len:
-        raise ValueError(f"target_len={target_len} must exceed the model's train_len={cfg.train_len}: "
-                         f"length extension tunes for sequences longer than pre-training's")
-    if target_len > cfg.model.max_positions:
-        raise ValueError(f"target_len={target_len} exceeds the model's max_positions={cfg.model.max_positions}")
 
 
 def check_tokenizer(prepared: PreparedData, loaded: LoadedModel) -> None:

@@ -23,7 +23,8 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from nope_lightning import tracking
 from nope_lightning.checkpoint import newest_intact, torch_load
-from nope_lightning.config import TrainerConfig, flatten, load_config, to_dict, to_yaml
+from nope_lightning.config.core import flatten, load_config, to_dict, to_yaml
+from nope_lightning.config.parts import TrainerConfig
 from nope_lightning.locks import hold_lock
 from nope_lightning.model.attention import Block
 from nope_lightning.progress import StepProgressBar
@@ -245,11 +246,6 @@ def fit_result_keys(length: int) -> dict[str, type]:
     at ``length`` tokens."""
     return {"run_id": str, "out_dir": str, "step": int, "world_size": int, "train/loss": float,
             "train/lr": float, f"val/len{length}/loss": float, f"val/len{length}/ppl": float}
-
-
-def training_tokens(trainer: TrainerConfig, steps: int, batch_size: int, length: int) -> int:
-    """Tokens a training run reads: optimizer steps x per-process batch x processes x accumulation x length."""
-    return steps * batch_size * trainer.devices * trainer.num_nodes * trainer.accumulate_grad_batches * length
 
 
 class OutDirCheckpoint(ModelCheckpoint):

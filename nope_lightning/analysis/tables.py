@@ -18,13 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from nope_lightning import markdown_table as markdown
-from nope_lightning import paper
-from nope_lightning.claims import NotMeasured, Outcome, Runs, measure
-from nope_lightning.config import PipelineConfig
-from nope_lightning.paper import Claim
-from nope_lightning.results import Curve, EvaluationResult, ScaleSearchResult
-from nope_lightning.stats import UNIT, Interval, t_interval, wilson
+from nope_lightning.analysis import markdown, paper
+from nope_lightning.analysis.claims import NotMeasured, Outcome, Runs, measure
+from nope_lightning.analysis.paper import Claim
+from nope_lightning.analysis.stats import UNIT, Interval, t_interval, wilson
+from nope_lightning.config.pipeline import PipelineConfig
+from nope_lightning.results.evaluation import Curve, EvaluationResult
+from nope_lightning.results.search import ScaleSearchResult
 
 MISSING = "—"
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib
 
-from nope_lightning.results import ScaleSearchResult
+from nope_lightning.results.search import ScaleSearchResult
 
 matplotlib.use("Agg")  # headless: figures are only ever written to files
 import matplotlib.pyplot as plt  # noqa: E402

@@ -13,15 +13,8 @@ import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
-from nope_lightning.config import (
-    POS_ENCODINGS,
-    ModelConfig,
-    OptimConfig,
-    TrackingConfig,
-    TrainerConfig,
-    check_choice,
-    check_range,
-)
+from nope_lightning.config.core import POS_ENCODINGS, check_choice, check_range
+from nope_lightning.config.parts import ModelConfig, OptimConfig, TrackingConfig, TrainerConfig
 from nope_lightning.synthetic.tasks import TASKS, get_task
 
 #: The paper's five PEs in our names: NoPE, T5's relative bias, ALiBi, Rotary and APE (sinusoidal, as

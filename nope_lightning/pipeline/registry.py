@@ -14,7 +14,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from nope_lightning.config import load_config
+from nope_lightning.config.core import load_config
 from nope_lightning.tracking import check_store
 
 
@@ -65,17 +65,18 @@ STAGES: dict[str, Stage] = {
                            "Optuna grid over a uniform temperature per target length; lambda = 1 + a ln s fit"),
     "headscale": _stage("headscale", "nope_lightning.config:HeadScaleConfig",
                         "per-head temperatures (n_layer x n_head) on a frozen model, focus constraint"),
-    "headscale-search": _stage("headscale_search", "nope_lightning.stages.headscale_search:HeadScaleSearchConfig",
+    "headscale-search": _stage("headscale_search", "nope_lightning.config:HeadScaleSearchConfig",
                                "Optuna TPE over HeadScale's init and lr, pruned on validation loss"),
     "finetune": _stage("finetune", "nope_lightning.config:FinetuneConfig",
                        "RoPE baselines: full PI / YaRN fine-tuning at the target length"),
-    "synthetic": _stage("synthetic", "nope_lightning.synthetic.config:SyntheticConfig",
+    "synthetic": _stage("synthetic", "nope_lightning.config:SyntheticConfig",
                         "paper-002 task suite: one (task, PE, seed), exact match per length bucket"),
-    "synthetic-grid": _stage("synthetic_grid", "nope_lightning.synthetic.config:SyntheticGridConfig",
+    "synthetic-grid": _stage("synthetic_grid", "nope_lightning.config:SyntheticGridConfig",
                              "tasks x PEs x seeds under one parent run: OOD table, MRR (ties averaged)",
                              declared=False),
-    "pipeline": _stage("pipeline", "nope_lightning.config:PipelineConfig",
-                       "an experiment file: stages chained through MLflow, resumable, one parent run"),
+    "pipeline": Stage("nope_lightning.config:PipelineConfig", "nope_lightning.pipeline.runner:run",
+                      "an experiment file: stages chained through MLflow, resumable, one parent run",
+                      "nope_lightning.pipeline.runner:result_keys"),
     "report": _stage("report", "nope_lightning.config:ReportConfig",
                      "markdown tables + PNG plots of a pipeline run, papers' numbers beside ours"),
 }
@@ -94,10 +95,11 @@ def stage_config(name: str, yaml_path: str | None = None, overrides: list[str] |
     return load_config(get_stage(name).config_class(), yaml_path, overrides)
 
 
-def run_stage(name: str, cfg: Any) -> dict[str, Any]:
-    """Run stage ``name`` with a validated config; returns the stage's result summary."""
+def run_stage(name: str, cfg: Any, **extra: Any) -> dict[str, Any]:
+    """Run stage ``name`` with a validated config; returns the stage's result summary. ``extra`` goes to the
+    stage's entry as keyword arguments (a search's trial passes its Optuna pruning callback this way)."""
     stage = get_stage(name)
     if not isinstance(cfg, stage.config_class()):
         raise TypeError(f"stage {name} takes a {stage.config}, got {type(cfg).__name__}")
     check_store(cfg)  # seconds and one line for an unusable store, before any data or compute
-    return stage.function()(cfg)
+    return stage.function()(cfg, **extra)

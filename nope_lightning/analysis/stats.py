@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy import stats as scipy_stats
 
-from nope_lightning.config import MIN_RESAMPLES
+from nope_lightning.config.core import MIN_RESAMPLES
 
 LEVEL = 0.95
 

@@ -27,9 +27,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from nope_lightning.config import PipelineConfig, PipelineStep, flatten, to_dict, to_yaml
-from nope_lightning.run import get_stage, stage_config
-from nope_lightning.runkey import RunKey
+from nope_lightning.config.core import flatten, to_dict, to_yaml
+from nope_lightning.config.pipeline import PipelineConfig, PipelineStep
+from nope_lightning.pipeline.registry import get_stage, stage_config
+from nope_lightning.pipeline.runkey import RunKey
 
 #: ``@{step.key}``, ``@{seed}`` and ``@{matrix.key}``.
 REFERENCE = re.compile(r"@\{([\w-]+)(?:\.([\w/.-]+))?\}")

@@ -1,7 +1,7 @@
 """``pipeline``: run an experiment file — a chain of stages whose outputs feed the next through MLflow.
 
 The file's steps are expanded into instances (``steps.py``: one per replicate seed and matrix point), every one
-of which is first resolved and checked exactly as the dry run does (``plan.py``), so a bad reference, length or
+of which is first resolved and checked exactly as the dry run does (``dry_run.py``), so a bad reference, length or
 token budget anywhere stops the run before any compute. Each instance then runs through ``run_stage``
 (exactly what its CLI command would run), nested under one parent MLflow run so the UI compares methods side by
 side, tagged with its ``RunKey`` (method, seed, matrix point, stage, step) and its step hash (``steps.step_hash``:
@@ -37,11 +37,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nope_lightning import plan, tracking
-from nope_lightning.config import PipelineConfig, ReportConfig, to_yaml
+from nope_lightning import tracking
+from nope_lightning.config.core import to_yaml
+from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
+from nope_lightning.pipeline import dry_run
+from nope_lightning.pipeline.registry import run_stage
+from nope_lightning.pipeline.steps import expand, pipeline_hash, recorded_hash, step_config, step_hash
 from nope_lightning.progress import pipeline_line
-from nope_lightning.run import run_stage
-from nope_lightning.steps import expand, pipeline_hash, recorded_hash, step_config, step_hash
 
 #: The tag holding a step's hash (``steps.step_hash``) on the run it started: how any later pipeline finds it.
 HASH_TAG = "config_hash"
@@ -74,8 +76,8 @@ def finished_step(cfg: PipelineConfig, digest: str) -> dict[str, Any] | None:
 
 def run(cfg: PipelineConfig) -> dict[str, Any]:
     if cfg.dry_run:
-        return plan.plan(cfg)
-    plan.plan(cfg, quiet=True)  # every instance resolved and checked: problems stop the run before compute
+        return dry_run.plan(cfg)
+    dry_run.plan(cfg, quiet=True)  # every instance resolved and checked: problems stop the run before compute
     instances = expand(cfg)
     run_hash = pipeline_hash(cfg)
     parent = find_parent(cfg, run_hash)

@@ -14,12 +14,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from nope_lightning.claims import NotMeasured, Runs, measure
+from nope_lightning.analysis import plots
+from nope_lightning.analysis.claims import NotMeasured, Runs, measure
+from nope_lightning.analysis.paper import Claim
+from nope_lightning.analysis.stats import Interval
+from nope_lightning.analysis.tables import cell, markdown_table
 from nope_lightning.config.pipeline import SWEEP_ROLES
-from nope_lightning.eval import plots
-from nope_lightning.paper import Claim
-from nope_lightning.stats import Interval
-from nope_lightning.tables import cell, markdown_table
 
 #: What each point reports: (key, label, test, methods, multiples, exponentiate). The methods are roles
 #: (``SWEEP_ROLES``), which the sweep setting maps to step labels.

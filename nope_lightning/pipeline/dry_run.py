@@ -19,15 +19,20 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from nope_lightning.config import DataConfig, PipelineConfig, PretrainConfig
+from nope_lightning.config.parts import DataConfig
+from nope_lightning.config.pipeline import PipelineConfig
+from nope_lightning.config.stages import PretrainConfig
 from nope_lightning.eval.longctx import answer_tokens
+from nope_lightning.pipeline.registry import get_stage
+from nope_lightning.pipeline.steps import Instance, expand, reference_problems, step_config
 from nope_lightning.progress import pipeline_line
-from nope_lightning.run import get_stage
-from nope_lightning.stages.finetune import check_rope_model
-from nope_lightning.stages.pretrain import output_dir, with_budget
-from nope_lightning.steps import Instance, expand, reference_problems, step_config
-from nope_lightning.training.module import check_target_len
-from nope_lightning.training.trainer import training_tokens
+from nope_lightning.training.budget import (
+    check_rope_model,
+    check_target_len,
+    output_dir,
+    training_tokens,
+    with_budget,
+)
 
 PARENT = "dry-run-parent"  # the parent run id the step configs are nested under (no run is created)
 

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nope_lightning.analysis.log_law import best_on_grid, position_fit_units
+from nope_lightning.analysis.paper import Claim, Precondition
+from nope_lightning.analysis.stats import Interval, blocks, per_seed_bootstrap, spearman
 from nope_lightning.eval.summary import block_size
-from nope_lightning.paper import Claim, Precondition
-from nope_lightning.results import EvaluationResult, ScaleSearchResult
-from nope_lightning.search import best_on_grid, position_fit_units
-from nope_lightning.stats import Interval, blocks, per_seed_bootstrap, spearman
+from nope_lightning.results.evaluation import EvaluationResult
+from nope_lightning.results.search import ScaleSearchResult
 
 #: method -> seed (None without seeds) -> that run's result (an evaluation or a scale-search)
 Result = EvaluationResult | ScaleSearchResult

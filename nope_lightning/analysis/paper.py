@@ -108,7 +108,7 @@ LEVEL_TESTS = frozenset({"best_temperature", "log_fit_r2"})
 class Claim:
     """One claim of paper 001 as a rule our numbers can fail.
 
-    ``test`` names how the effect is computed (``nope_lightning.claims`` implements each) from the methods
+    ``test`` names how the effect is computed (``nope_lightning.analysis.claims`` implements each) from the methods
     (pipeline step labels) at ``multiples`` of L; the claim holds when the effect is on ``side`` of
     ``threshold`` (``above``: > threshold, ``below``: < threshold, or ``within``: |effect| <= threshold). Verdicts (``claims.verdict``): *reproduced*
     when the pooled interval clears the threshold and every seed's estimate is on that side, *not reproduced*
