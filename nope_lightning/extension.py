@@ -22,6 +22,10 @@ from nope_lightning.config.parts import AttentionTemperature, TrackingConfig
 from nope_lightning.config.stages import ExtensionConfig
 from nope_lightning.results.search import ScaleSearchResult
 
+#: The ``units`` of a scale-search over iRoPE's beta (``parameter=irope_beta``): its "lambda" entries are betas,
+#: so ``scale_search_for`` refuses it wherever a lambda or its fit a is read.
+BETA_UNITS = "beta of 1 + beta ln(floor((i + 1) / F) + 1), F = irope_floor x train_len (iRoPE)"
+
 
 def load_extended(checkpoint: str, ext: ExtensionConfig, tracking_cfg: TrackingConfig) -> LoadedModel:
     """The model ``checkpoint`` (export folder, ``runs:/<id>/model`` or ``mlflow:<id>``) under ``ext``: its
@@ -65,9 +69,12 @@ def read_scale_search(ref: str, tracking_cfg: TrackingConfig) -> ScaleSearchResu
 
 
 def scale_search_for(ref: str, tracking_cfg: TrackingConfig, fingerprint: str, setting: str) -> ScaleSearchResult:
-    """The scale-search result ``ref``, refused when it was run on another model than ``fingerprint`` (the
-    weights' sha256); ``setting`` names it in the one-line errors."""
+    """The lambda scale-search result ``ref``, refused when it was run on another model than ``fingerprint``
+    (the weights' sha256) or searched iRoPE's beta; ``setting`` names it in the one-line errors."""
     result = read_scale_search(ref, tracking_cfg)
+    if result.units == BETA_UNITS:
+        raise ValueError(f"{setting} searched iRoPE's beta, not lambda: pass its best beta as "
+                         f"extension.temperature.irope_beta, or name a lambda scale-search")
     if result.model_fingerprint != fingerprint:
         raise ValueError(f"{setting} was run on another model (fingerprint {result.model_fingerprint[:12]}, "
                          f"this checkpoint is {fingerprint[:12]}); run scale-search on this checkpoint")
@@ -96,7 +103,7 @@ def fitted_slope(result: ScaleSearchResult, setting: str) -> float:
 
 def extension_label(ext: ExtensionConfig) -> str:
     """Short name of a setting for run names and tables, e.g. ``plain``, ``lam1.2``, ``table``, ``log0.3``,
-    ``logfit``, ``logtable``, ``yarn4``."""
+    ``logfit``, ``logtable``, ``irope0.1`` (``irope0.1f2`` at irope_floor 2), ``yarn4``."""
     temperature, parts = ext.temperature, []
     if temperature.uniform != 1.0:
         parts.append(f"lam{temperature.uniform:g}")
@@ -108,6 +115,9 @@ def extension_label(ext: ExtensionConfig) -> str:
         parts.append("logfit")
     if temperature.log_slope_table:
         parts.append("logtable")
+    if temperature.irope_beta:
+        floor = "" if temperature.irope_floor == 1.0 else f"f{temperature.irope_floor:g}"
+        parts.append(f"irope{temperature.irope_beta:g}{floor}")
     if ext.rope_scaling.method != "none":
         parts.append(f"{ext.rope_scaling.method}{ext.rope_scaling.factor:g}")
     return "-".join(parts) or "plain"

@@ -1,6 +1,7 @@
-"""Claim rules on synthetic runs: the effect present -> reproduced, absent -> not reproduced, noisy ->
-inconclusive, a seed on the wrong side -> inconclusive, a precondition missing -> untestable; and the
-paired statistics against a direct computation."""
+"""Claim rules on synthetic runs. Verdicts are about seeds (a t interval of the per-seed effects): an effect in
+every seed -> reproduced, in 2 of 3 with a large spread -> inconclusive, absent -> not reproduced, one seed -> no
+verdict; a precondition missing -> untestable. The paper's own statements (inflections, Fig 5's heads, §4's
+entropy) and the log law on synthetic curves, and the paired statistics against a direct computation."""
 
 from __future__ import annotations
 
@@ -9,15 +10,21 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
-from nope_lightning.analysis.claims import Outcome, evaluate_claim, verdict
-from nope_lightning.analysis.paper import CLAIMS_BY_ID, Claim
-from nope_lightning.analysis.stats import Interval
+from nope_lightning.analysis.claim_tests import head_rank
+from nope_lightning.analysis.claims import NO_SEED_VERDICT, Outcome, evaluate_claim, verdict
+from nope_lightning.analysis.inflection import inflection
+from nope_lightning.analysis.paper import CLAIMS_BY_ID, Claim, Precondition
+from nope_lightning.analysis.stats import Interval, t_interval
 from nope_lightning.analysis.tables import BIASED, BIASED_NOTE, claims_table, paired_table
-from nope_lightning.results import Curve, EvaluationResult, ScaleSearchResult
+from nope_lightning.config import pipeline as pipeline_config
+from nope_lightning.config.pipeline import PipelineConfig, PipelineStep
+from nope_lightning.results import EvaluationResult, HeadScaleResult, ScaleSearchResult
 
 L, S, WINDOWS = 128, 64, 400
 RESAMPLES = 500
+EDGES = list(range(0, 8 * L + 1, L // 4))  # 32 buckets of L/4 over windows of 8L, as the small study measures
 
 
 def windows(nll_per_target: dict[int, np.ndarray]) -> dict:
@@ -30,7 +37,7 @@ def windows(nll_per_target: dict[int, np.ndarray]) -> dict:
 
 def evaluation(nll: dict[int, np.ndarray], passkey: dict[int, list[bool]] | None = None,
                table: list | None = None, octaves: tuple[np.ndarray, np.ndarray] | None = None,
-               lengths: tuple[int, ...] = ()) -> EvaluationResult:
+               lengths: tuple[int, ...] = (), curves: tuple[np.ndarray, np.ndarray] | None = None) -> EvaluationResult:
     """An evaluate result, read from the on-disk form written before results had a version (the legacy
     reader is what reads it)."""
     result = {"corpora": ["kjv"], "train_len": L, "setting": "test", "windows": {"kjv": windows(nll)},
@@ -47,6 +54,12 @@ def evaluation(nll: dict[int, np.ndarray], passkey: dict[int, list[bool]] | None
         result["position"] = {"octaves": [[0, L], [L, 2 * L], [2 * L, 4 * L], [4 * L, 8 * L]],
                               "octave_logppl": {"kjv": {"windows": (logppl * widths).tolist()}},
                               "octave_entropy": {"windows": (entropy * widths).tolist()}}
+    if curves is not None:  # (windows, 32) per-token means over the buckets EDGES -> per-window bucket sums
+        logppl, entropy = curves
+        widths = np.diff(EDGES)
+        result["position"] = {"edges": EDGES, "octaves": [[0, L]], "octave_logppl": {"kjv": {"windows": []}},
+                              "logppl": {"kjv": {"windows": (logppl * widths).tolist()}},
+                              "entropy": {"windows": (entropy * widths).tolist()}}
     return EvaluationResult.from_dict(result)
 
 
@@ -58,12 +71,13 @@ def noise(seed: int, scale: float) -> np.ndarray:
     return np.random.default_rng(100 + seed).normal(0.0, scale, WINDOWS)
 
 
-def hurt_runs(shift: float, scale: float = 0.005, seeds=(1, 2, 3), wrong_seed: int | None = None) -> dict:
-    """nope and 'nope lambda=1.5' at 1x; lambda 1.5's NLL is nope's + ``shift`` (+ noise)."""
+def hurt_runs(shift: float | tuple[float, ...], scale: float = 0.005, seeds=(1, 2, 3)) -> dict:
+    """nope and 'nope lambda=1.5' at 1x; lambda 1.5's NLL is nope's + ``shift`` (one per seed, or the same for
+    all) + noise."""
+    shifts = shift if isinstance(shift, tuple) else (shift,) * len(seeds)
     runs = {"nope": {}, "nope lambda=1.5": {}}
-    for s in seeds:
+    for s, delta in zip(seeds, shifts, strict=True):
         nope = base_nll(s)
-        delta = -shift if s == wrong_seed else shift
         runs["nope"][s] = evaluation({1: nope})
         runs["nope lambda=1.5"][s] = evaluation({1: nope + delta + noise(s, scale)})
     return runs
@@ -72,69 +86,113 @@ def hurt_runs(shift: float, scale: float = 0.005, seeds=(1, 2, 3), wrong_seed: i
 HURTS = CLAIMS_BY_ID["large_temperature_hurts_1x"]
 
 
-def test_an_effect_well_past_the_threshold_is_reproduced():
-    outcome = evaluate_claim(HURTS, hurt_runs(0.1), RESAMPLES)
-    assert outcome.verdict == "reproduced"
-    assert outcome.interval.estimate == pytest.approx(0.1, abs=0.002)
-    assert outcome.interval.low > HURTS.threshold and outcome.on_side == 3
+# --- verdicts about seeds ------------------------------------------------------------------------------------
 
 
-def test_the_opposite_effect_is_not_reproduced():
-    outcome = evaluate_claim(HURTS, hurt_runs(-0.05), RESAMPLES)
-    assert outcome.verdict == "not reproduced" and outcome.interval.high < HURTS.threshold
+def test_an_effect_in_every_seed_is_reproduced():
+    outcome = evaluate_claim(HURTS, hurt_runs((0.10, 0.12, 0.09)), RESAMPLES)
+    assert outcome.verdict == "reproduced" and outcome.on_side == 3
+    per_seed = outcome.interval.per_seed
+    assert per_seed == pytest.approx([d + noise(s, 0.005).mean() for s, d in zip((1, 2, 3), (0.10, 0.12, 0.09), strict=True)],
+                                     abs=1e-9)
+    # the verdict reads the t interval of the per-seed effects (df = 2), computed here by scipy
+    low, high = scipy_stats.t.interval(0.95, 2, loc=np.mean(per_seed), scale=scipy_stats.sem(per_seed))
+    assert (outcome.across.low, outcome.across.high) == pytest.approx((low, high))
+    assert outcome.across.low > HURTS.threshold
 
 
-def test_an_effect_lost_in_noise_is_inconclusive():
+def test_an_effect_in_two_seeds_of_three_with_a_large_spread_is_inconclusive():
+    outcome = evaluate_claim(HURTS, hurt_runs((0.30, 0.25, -0.30)), RESAMPLES)
+    assert outcome.on_side == 2 and outcome.verdict == "inconclusive"
+    assert outcome.across.low < HURTS.threshold < outcome.across.high
+    # the evaluation-only interval alone would have cleared the threshold: it holds the models fixed
+    assert outcome.interval.low > HURTS.threshold
+
+
+def test_an_absent_effect_is_not_reproduced():
+    outcome = evaluate_claim(HURTS, hurt_runs((-0.05, -0.04, -0.06)), RESAMPLES)
+    assert outcome.verdict == "not reproduced" and outcome.across.high <= HURTS.threshold
+
+
+def test_an_effect_lost_in_evaluation_noise_is_inconclusive():
     outcome = evaluate_claim(HURTS, hurt_runs(HURTS.threshold, scale=1.0), RESAMPLES)
     assert outcome.verdict == "inconclusive"
-    assert outcome.interval.low < HURTS.threshold < outcome.interval.high
 
 
-def test_one_seed_on_the_wrong_side_makes_a_clear_pooled_effect_inconclusive():
-    outcome = evaluate_claim(HURTS, hurt_runs(0.2, wrong_seed=3), RESAMPLES)
-    assert outcome.interval.low > HURTS.threshold  # the pooled mean (0.2 + 0.2 - 0.2) / 3 still clears it
-    assert outcome.on_side == 2 and outcome.verdict == "inconclusive"
+def test_one_seed_reports_its_effect_with_its_evaluation_interval_and_no_verdict():
+    outcome = evaluate_claim(HURTS, hurt_runs(0.1, seeds=(1,)), RESAMPLES)
+    assert outcome.verdict == NO_SEED_VERDICT == "1 seed: no verdict about seeds"
+    assert outcome.interval.low < 0.1 < outcome.interval.high  # the evaluation interval is still there
+    assert math.isnan(outcome.across.low) and math.isnan(outcome.prediction.low)
+    row = next(line for line in claims_table([outcome]).splitlines() if line.startswith(f"| {HURTS.text}"))
+    cells = row.strip("| ").split(" | ")
+    assert cells[3] == f"{outcome.interval.estimate:+.3f} nats (1 seed)" and cells[4] == "—"
+    assert cells[5].startswith(f"{outcome.interval.estimate:+.3f} [") and cells[7] == f"**{NO_SEED_VERDICT}**"
 
 
-def test_paired_differences_are_what_is_bootstrapped():
-    # The two methods' NLL differ by exactly 0.1 on every window although the windows vary a lot: the paired
-    # interval is a point; an unpaired one would be wide.
-    outcome = evaluate_claim(HURTS, hurt_runs(0.1, scale=0.0), RESAMPLES)
-    assert outcome.interval.half_width < 1e-9
+def test_the_prediction_interval_for_a_new_seed():
+    outcome = evaluate_claim(HURTS, hurt_runs((0.10, 0.20, 0.15)), RESAMPLES)
+    x = np.asarray(outcome.interval.per_seed)
+    direct = scipy_stats.t.interval(0.95, 2, loc=x.mean(), scale=x.std(ddof=1) * math.sqrt(1 + 1 / 3))
+    assert (outcome.prediction.low, outcome.prediction.high) == pytest.approx(direct)
+    assert outcome.prediction.low < outcome.across.low  # wider than the mean's interval
+
+
+@pytest.mark.parametrize(("side", "per_seed", "expected"), [
+    ("above", (0.50, 0.45, 0.55), "reproduced"),
+    ("above", (0.30, 0.25, -0.30), "inconclusive"),
+    ("above", (-0.20, -0.25, -0.15), "not reproduced"),
+    ("below", (-0.20, -0.25, -0.15), "reproduced"),
+    ("within", (0.01, -0.02, 0.00), "reproduced"),
+    ("within", (0.30, 0.35, 0.32), "not reproduced"),
+    ("above", (0.5, math.nan, 0.5), "inconclusive"),
+    ("above", (0.5,), NO_SEED_VERDICT),
+])
+def test_verdict_table(side, per_seed, expected):
+    claim = Claim("c", "", "", "log_ppl_difference", ("a", "b"), (1, 1), 0.1, side)
+    assert verdict(claim, t_interval(per_seed)) == expected
 
 
 def test_equivalence_within_ten_percent():
     claim = CLAIMS_BY_ID["nope_matches_rope_in_distribution"]
-    close = {"nope": {1: evaluation({1: base_nll(1)})}, "rope": {1: evaluation({1: base_nll(1) + 0.01 + noise(1, 0.01)})}}
-    far = {"nope": {1: evaluation({1: base_nll(1)})}, "rope": {1: evaluation({1: base_nll(1) - 0.3})}}
+    close = {"nope": {s: evaluation({1: base_nll(s)}) for s in (1, 2, 3)},
+             "rope": {s: evaluation({1: base_nll(s) + 0.01 + noise(s, 0.01)}) for s in (1, 2, 3)}}
+    far = {"nope": close["nope"], "rope": {s: evaluation({1: base_nll(s) - 0.3 - 0.01 * s}) for s in (1, 2, 3)}}
     assert evaluate_claim(claim, close, RESAMPLES).verdict == "reproduced"
     assert evaluate_claim(claim, far, RESAMPLES).verdict == "not reproduced"
 
 
-def test_gap_closed_is_the_share_of_the_one_to_two_x_rise():
+# --- repairs need a failure ----------------------------------------------------------------------------------
+
+
+def test_gap_closed_is_the_share_of_the_one_to_two_x_rise_and_needs_a_failure():
     claim = CLAIMS_BY_ID["uniform_repairs_2x"]
-    nope1 = base_nll(1)
-    runs = {"nope": {1: evaluation({1: nope1, 2: nope1 + 0.3})},
-            "nope lambda=best@2x": {1: evaluation({1: nope1 + 0.02, 2: nope1 + 0.1})}}
+    runs: dict = {"nope": {}, "nope lambda=best@2x": {}}
+    for s, rest in zip((1, 2, 3), (0.10, 0.12, 0.08), strict=True):
+        nope1 = base_nll(s)
+        runs["nope"][s] = evaluation({1: nope1, 2: nope1 + 0.6})  # PPL x1.82 from 1x to 2x
+        runs["nope lambda=best@2x"][s] = evaluation({1: nope1 + 0.02, 2: nope1 + rest})
     outcome = evaluate_claim(claim, runs, RESAMPLES)
-    assert outcome.interval.estimate == pytest.approx((0.3 - 0.1) / 0.3)
+    assert outcome.interval.per_seed == pytest.approx([(0.6 - r) / 0.6 for r in (0.10, 0.12, 0.08)])
     assert outcome.verdict == "reproduced"
-    runs["nope lambda=best@2x"][1] = evaluation({1: nope1, 2: nope1 + 0.25})  # closes 17 %
-    assert evaluate_claim(claim, runs, RESAMPLES).verdict == "not reproduced"
-    # Nothing to repair: NoPE does not degrade from 1x to 2x -> untestable, whatever lambda does.
-    runs["nope"][1] = evaluation({1: nope1, 2: nope1 + noise(1, 0.01)})
-    flat = evaluate_claim(claim, runs, RESAMPLES)
-    assert flat.verdict == "untestable" and "does not rise" in flat.reason
+    # A gentle failure (PPL x1.31, the small study's): nothing a repair claim can be judged on.
+    for s in (1, 2, 3):
+        runs["nope"][s] = evaluation({1: base_nll(s), 2: base_nll(s) + math.log(1.31)})
+    gentle = evaluate_claim(claim, runs, RESAMPLES)
+    assert gentle.verdict == "untestable" and "no failure to repair" in gentle.reason and "1.31 < 1.5" in gentle.reason
 
 
 def test_retrieval_claims_need_retrieval_in_distribution():
     claim = CLAIMS_BY_ID["nope_retrieves_past_L"]
     good = [True] * 80 + [False] * 20
-    runs = {"nope": {1: evaluation({1: base_nll(1)}, {1: good, 2: [True] * 70 + [False] * 30})},
-            "rope": {1: evaluation({1: base_nll(1)}, {1: good, 2: [True] * 20 + [False] * 80})}}
+    runs: dict = {"nope": {}, "rope": {}}
+    for s, hits in zip((1, 2), (70, 65), strict=True):
+        runs["nope"][s] = evaluation({1: base_nll(s)}, {1: good, 2: [True] * hits + [False] * (100 - hits)})
+        runs["rope"][s] = evaluation({1: base_nll(s)}, {1: good, 2: [True] * 20 + [False] * 80})
     outcome = evaluate_claim(claim, runs, RESAMPLES)
-    assert outcome.verdict == "reproduced" and outcome.interval.estimate == pytest.approx(0.5)
-    runs["rope"][1] = evaluation({1: base_nll(1)}, {1: [True] * 30 + [False] * 70, 2: [False] * 100})
+    assert outcome.verdict == "reproduced" and outcome.interval.per_seed == pytest.approx((0.5, 0.45))
+    runs["rope"] = {s: evaluation({1: base_nll(s)}, {1: [True] * 30 + [False] * 70, 2: [False] * 100})
+                    for s in (1, 2)}
     untestable = evaluate_claim(claim, runs, RESAMPLES)
     assert untestable.verdict == "untestable" and "rope retrieves 0.30 < 0.5" in untestable.reason
 
@@ -149,48 +207,201 @@ def test_an_ablation_that_converged_to_the_full_tables_is_untestable():
     assert degenerate.verdict == "untestable" and "degenerate" in degenerate.reason
     runs["headscale 4x w/o init"][1] = dataclasses.replace(runs["headscale 4x w/o init"][1],
                                                            temperature_table=[[1.0, 1.0], [1.0, 1.0]])
-    assert evaluate_claim(claim, runs, RESAMPLES).verdict == "reproduced"
+    tested = evaluate_claim(claim, runs, RESAMPLES)
+    assert tested.verdict == NO_SEED_VERDICT and tested.interval.estimate == pytest.approx(0.9)
 
 
-def test_entropy_correlation_over_the_nope_family():
-    claim = CLAIMS_BY_ID["lower_entropy_lower_ppl"]
-    rng = np.random.default_rng(0)
-    runs = {}
-    for i, method in enumerate(claim.methods[:5]):
-        level = rng.normal(size=(WINDOWS, 4)) * 0.05
-        entropy = 3.0 + 0.2 * i + level
-        logppl = 3.5 + 0.1 * i + level  # lower entropy goes with lower log-PPL, method by method
-        runs[method] = {1: evaluation({1: base_nll(1)}, octaves=(logppl, entropy))}
+# --- inflections (Fig 1-2) -----------------------------------------------------------------------------------
+
+
+def step_curve(at: float | None, seed: int, level: float = 3.0, rise: float = 1.0, scale: float = 0.02) -> np.ndarray:
+    """(WINDOWS, 32) per-token means over EDGES: ``level`` (higher over the first L/4: little context), plus
+    ``rise`` from position ``at`` x L on (None: flat), plus per-window noise."""
+    starts = np.asarray(EDGES[:-1])
+    mean = level + 0.8 * (starts < L // 4) + (0.0 if at is None else rise * (starts >= at * L))
+    return mean + np.random.default_rng(seed).normal(0.0, scale, (WINDOWS, len(starts)))
+
+
+def curve_run(ppl_at: float | None, entropy_at: float | None, seed: int) -> EvaluationResult:
+    return evaluation({1: base_nll(seed)}, curves=(step_curve(ppl_at, seed), step_curve(entropy_at, 50 + seed)))
+
+
+def test_an_inflection_is_where_the_curve_leaves_its_in_distribution_level_for_good():
+    starts = np.asarray(EDGES[:-1])
+    flat = np.full(len(starts), 3.0)
+    assert inflection(flat, EDGES, L, 0.1)[0] == 8.0  # none inside the curve: its end, a lower bound
+    assert inflection(flat + (starts >= 2.5 * L), EDGES, L, 0.1)[0] == 2.5
+    early = flat + 2.0 * (starts < L // 2)  # the short-context start inside L is not a failure
+    assert inflection(early, EDGES, L, 0.1)[0] == 8.0
+    blip = flat.copy()
+    blip[starts == 1.5 * L] += 1.0  # one bucket above, then back: no inflection there
+    assert inflection(blip + (starts >= 3 * L), EDGES, L, 0.1)[0] == 3.0
+    small = flat + 0.05 * (starts >= 2 * L)  # a rise below the threshold
+    assert inflection(small, EDGES, L, 0.1)[0] == 8.0
+    both = inflection(np.stack([flat, flat + (starts >= 2 * L)]), EDGES, L, 0.1)  # many curves at once
+    assert both.tolist() == [8.0, 2.0]
+
+
+def test_entropy_and_perplexity_inflect_together():
+    claim = CLAIMS_BY_ID["inflections_coincide"]
+    together = {"nope": {s: curve_run(2.0, 2.0, s) for s in (1, 2, 3)}}
+    outcome = evaluate_claim(claim, together, RESAMPLES)
+    assert outcome.interval.per_seed == (0.0, 0.0, 0.0) and outcome.verdict == "reproduced"
+    apart = {"nope": {s: curve_run(2.0, 4.0, s) for s in (1, 2, 3)}}
+    outcome = evaluate_claim(claim, apart, RESAMPLES)
+    assert outcome.interval.per_seed == (2.0, 2.0, 2.0) and outcome.verdict == "not reproduced"
+    flat = {"nope": {s: curve_run(None, 2.0, s) for s in (1, 2, 3)}}  # no failure: nothing to locate
+    outcome = evaluate_claim(claim, flat, RESAMPLES)
+    assert outcome.verdict == "untestable" and "does not inflect" in outcome.reason
+
+
+def test_ntk_is_flat_in_both_only_where_the_file_runs_it():
+    claim = CLAIMS_BY_ID["ntk_flat_in_both"]
+    flat = evaluate_claim(claim, {"rope+ntk": {s: curve_run(None, None, s) for s in (1, 2)}}, RESAMPLES)
+    assert flat.interval.per_seed == (8.0, 8.0) and flat.verdict == "reproduced"
+    rising = evaluate_claim(claim, {"rope+ntk": {s: curve_run(4.0, 1.5, s) for s in (1, 2)}}, RESAMPLES)
+    assert rising.interval.per_seed == (1.5, 1.5) and rising.verdict == "not reproduced"
+    absent = evaluate_claim(claim, {"nope": {1: curve_run(2.0, 2.0, 1)}}, RESAMPLES)
+    assert absent.verdict == "not measured" and "only where the file runs" in absent.reason
+    # at load, a file without NTK may list it; a file must still run an ordinary claim's methods
+    steps = [PipelineStep(id="eval_nope", stage="evaluate", label="nope")]
+    assert PipelineConfig(name="x", steps=steps, claims=["ntk_flat_in_both"]).claims == ["ntk_flat_in_both"]
+    with pytest.raises(ValueError, match="compares method 'rope'"):
+        PipelineConfig(name="x", steps=steps, claims=["nope_degrades_later"])
+
+
+def test_a_larger_temperature_moves_both_inflections_later():
+    claim = CLAIMS_BY_ID["temperature_delays_inflections"]
+    runs = {"nope": {s: curve_run(2.0, 1.75, s) for s in (1, 2, 3)},
+            "nope lambda=1.5": {s: curve_run(4.0, 3.0, 10 + s) for s in (1, 2, 3)}}
     outcome = evaluate_claim(claim, runs, RESAMPLES)
-    assert outcome.interval.estimate == pytest.approx(1.0) and outcome.verdict == "reproduced"
-    for i, method in enumerate(claim.methods[:5]):  # reversed: a distracted model is not what the claim says
-        position = runs[method][1].position
-        scaled = Curve([], [], [], (np.asarray(position.primary.windows) * (1 - 0.05 * i)).tolist())
-        runs[method][1] = dataclasses.replace(runs[method][1], position=dataclasses.replace(
-            position, octave_logppl={"kjv": scaled}))
+    assert outcome.interval.per_seed == (1.25, 1.25, 1.25) and outcome.verdict == "reproduced"  # min(2, 1.25)
+    runs["nope lambda=1.5"] = {s: curve_run(4.0, 1.75, 10 + s) for s in (1, 2, 3)}  # entropy does not move
+    outcome = evaluate_claim(claim, runs, RESAMPLES)
+    assert outcome.interval.per_seed == (0.0, 0.0, 0.0) and outcome.verdict == "not reproduced"
+
+
+# --- HeadScale's heads (Fig 5) and entropy (§4) --------------------------------------------------------------
+
+
+def headscale(table: list, entropy: list) -> HeadScaleResult:
+    return HeadScaleResult("c", "f", L, 4 * L, "1/sqrt(d)", "lambda", "search", 1.2, "s", True, 1.0, 10, "text",
+                           0.0, 1.0, "head_scale", table,
+                           dataclasses.replace(_ENTROPY, per_head=entropy))
+
+
+_ENTROPY = HeadScaleResult.parse({
+    "checkpoint": "c", "model_fingerprint": "f", "train_len": L, "target_len": 4 * L, "units": "u",
+    "init": {"mode": "search", "lambda": 1.2, "scale_search": "s"}, "constraint": True, "lambda_floor": 1.0,
+    "steps": 1, "data_mix": {"mode": "text", "retrieval_fraction": 0.0}, "val_loss": 1.0, "head_scale": [[1.0]],
+    "converged_entropy": {"unit": "nats", "per_head": [[1.0]], "positions": "last 1/8"}}).converged_entropy
+
+
+def test_within_each_layer_lower_entropy_heads_learn_a_larger_lambda():
+    claim = CLAIMS_BY_ID["low_entropy_heads_larger_lambda"]
+    rng = np.random.default_rng(0)
+    entropy = rng.uniform(1, 5, (3, 4))
+    # across layers lambda rises with entropy (layer offsets), within each layer it falls: only "within" counts
+    table = 3.0 - 0.3 * entropy + np.arange(3)[:, None] * 2.0
+    runs = {"headscale_4x": {s: headscale((table + 0.01 * s).tolist(), entropy.tolist()) for s in (1, 2, 3)}}
+    outcome = evaluate_claim(claim, runs, RESAMPLES)
+    assert outcome.interval.per_seed == pytest.approx((-1.0, -1.0, -1.0)) and outcome.verdict == "reproduced"
+    assert math.isnan(outcome.interval.low)  # one table per seed: no evaluation units to resample
+    shuffled = rng.permuted(table, axis=1)
+    direct = np.mean([scipy_stats.spearmanr(e, t).statistic for e, t in zip(entropy, shuffled, strict=True)])
+    assert head_rank(shuffled, entropy) == pytest.approx(direct)
+    tied = np.array([[1.0, 1.0, 1.0, 1.0], *shuffled[1:]])  # a layer whose heads share one lambda has no rank
+    assert head_rank(tied, entropy) == pytest.approx(np.mean([scipy_stats.spearmanr(e, t).statistic
+                                                              for e, t in zip(entropy[1:], shuffled[1:], strict=True)]))
+    runs = {"headscale_4x": {s: headscale((1.0 + 0.3 * entropy + 0.01 * s).tolist(), entropy.tolist())
+                             for s in (1, 2, 3)}}
     assert evaluate_claim(claim, runs, RESAMPLES).verdict == "not reproduced"
 
 
-def search_summary(best_at: dict[int, float], grid=(0.8, 1.0, 1.2, 1.4, 1.6)) -> ScaleSearchResult:
-    """A scale-search summary whose validation NLL is lowest at ``best_at[multiple]`` (a parabola in lambda)."""
-    nll = base_nll(9)
-    samples = {"doc": [i // 40 for i in range(WINDOWS)], "edges": [0, 128, 256],
+def test_headscale_has_higher_entropy_and_lower_perplexity_than_uniform():
+    claim = CLAIMS_BY_ID["headscale_higher_entropy_lower_ppl"]
+
+    def run(logppl: float, entropy: float, seed: int) -> EvaluationResult:
+        level = np.random.default_rng(seed).normal(size=(WINDOWS, 4)) * 0.05
+        return evaluation({1: base_nll(seed)}, octaves=(logppl + level, entropy + level))
+
+    runs = {"headscale 4x": {s: run(3.0, 2.3, s) for s in (1, 2, 3)},
+            "nope lambda=best@4x": {s: run(3.2, 2.0, s) for s in (1, 2, 3)}}
+    outcome = evaluate_claim(claim, runs, RESAMPLES)
+    assert outcome.interval.per_seed == pytest.approx((0.2, 0.2, 0.2)) and outcome.verdict == "reproduced"
+    runs["nope lambda=best@4x"] = {s: run(3.2, 2.5, s) for s in (1, 2, 3)}  # lower PPL but lower entropy
+    outcome = evaluate_claim(claim, runs, RESAMPLES)
+    assert outcome.interval.per_seed == pytest.approx((-0.2, -0.2, -0.2)) and outcome.verdict == "not reproduced"
+
+
+# --- the uniform-scale search: best lambda and the log law ---------------------------------------------------
+
+
+def search_summary(best_at: dict[int, float], grid=(0.8, 1.0, 1.2, 1.4, 1.6),
+                   law=None, seed: int = 9) -> ScaleSearchResult:
+    """A scale-search summary whose validation NLL is lowest at ``best_at[multiple]`` (a parabola in lambda), and
+    whose per-position NLL over 16 buckets of 8L-long windows is lowest at ``law(s)`` (s = bucket centre / L)."""
+    nll = base_nll(seed)
+    edges = list(range(0, 8 * L + 1, L // 2))
+    centres = (np.asarray(edges[:-1]) + np.asarray(edges[1:]) - 1) / 2
+    best_pos = np.asarray([law(c / L) if law else 1.0 for c in centres])
+    widths = np.diff(edges)
+    jitter = np.random.default_rng(seed).normal(0, 0.01, (WINDOWS // 8, len(centres)))
+    position = [((3.0 + (lam - best_pos) ** 2 + jitter) * widths).tolist() for lam in grid]
+    samples = {"doc": [i // 40 for i in range(WINDOWS)], "edges": edges,
                "windows": {str(m * L): [np.stack([(nll + (lam - best) ** 2) * S, np.full(WINDOWS, S)], 1).tolist()
                                         for lam in grid] for m, best in best_at.items()},
-               "position": [np.zeros((8, 2)).tolist() for _ in grid]}
+               "position": position}
     return ScaleSearchResult.from_dict({"train_len": L, "best": {}, "trials": [{"lambda": lam} for lam in grid],
                                         "samples": samples})
 
 
-def test_best_temperature_claims_read_the_search():
+def test_best_temperature_claims_read_each_seeds_own_search():
     above, rises = CLAIMS_BY_ID["best_temperature_above_one"], CLAIMS_BY_ID["best_temperature_rises"]
-    runs = {"search_nope": {s: search_summary({2: 1.2, 8: 1.6}) for s in (1, 2)}}
-    assert evaluate_claim(above, runs, RESAMPLES).interval.estimate == pytest.approx(1.2)
+    # seed 2 searched another grid (same number of trials): its best is read on its own grid
+    runs = {"search_nope": {1: search_summary({2: 1.2, 8: 1.6}),
+                            2: search_summary({2: 1.3, 8: 1.7}, grid=(0.9, 1.1, 1.3, 1.5, 1.7)),
+                            3: search_summary({2: 1.2, 8: 1.6})}}
+    assert evaluate_claim(above, runs, RESAMPLES).interval.per_seed == pytest.approx((1.2, 1.3, 1.2))
     assert evaluate_claim(above, runs, RESAMPLES).verdict == "reproduced"
     assert evaluate_claim(rises, runs, RESAMPLES).verdict == "reproduced"
-    runs = {"search_nope": {s: search_summary({2: 1.0, 8: 0.8}) for s in (1, 2)}}
+    runs = {"search_nope": {s: search_summary({2: 1.0, 8: 0.8 - 0.2 * (s == 2)}) for s in (1, 2, 3)}}
     assert evaluate_claim(above, runs, RESAMPLES).verdict == "not reproduced"
     assert evaluate_claim(rises, runs, RESAMPLES).verdict == "not reproduced"
+
+
+GRID = tuple(np.round(np.arange(0.8, 2.01, 0.1), 2))
+
+
+def test_the_log_law_is_detected_and_a_constant_lambda_is_not():
+    claim = CLAIMS_BY_ID["log_law_slope"]
+    law = {"search_nope": {s: search_summary({2: 1.2}, GRID, lambda x: 1 + 0.3 * math.log(x), s) for s in (1, 2, 3)}}
+    outcome = evaluate_claim(claim, law, RESAMPLES)
+    assert outcome.interval.estimate == pytest.approx(0.3, abs=0.03) and outcome.verdict == "reproduced"
+    # a flat best lambda of 1.3: the fixed-intercept fit would call it a = 0.24 (R^2 < 0); its slope is 0
+    flat = {"search_nope": {s: search_summary({2: 1.2}, GRID, lambda x: 1.3, s) for s in (1, 2, 3)}}
+    outcome = evaluate_claim(claim, flat, RESAMPLES)
+    assert outcome.interval.per_seed == pytest.approx((0.0, 0.0, 0.0), abs=1e-12)
+    assert outcome.verdict == "not reproduced" and outcome.interval.undefined == 0
+
+
+def test_each_seeds_log_law_fit_uses_its_own_grid_and_data():
+    claim = CLAIMS_BY_ID["log_law_slope"]
+    # Seed 2 searched a grid twice as coarse (the same number of trials): read on seed 1's grid, its best lambdas
+    # would be mapped to the wrong values and its slope halved.
+    coarse = tuple(np.round(0.8 + 0.2 * np.arange(len(GRID)), 2))
+    laws = {1: (GRID, lambda x: 1 + 0.3 * math.log(x)), 2: (coarse, lambda x: 1 + 0.6 * math.log(x))}
+    runs = {"search_nope": {seed: search_summary({2: 1.2}, grid, law, seed) for seed, (grid, law) in laws.items()}}
+    outcome = evaluate_claim(claim, runs, RESAMPLES)
+    edges = np.arange(0, 8 * L + 1, L // 2)
+    centres = (edges[:-1] + edges[1:] - 1) / 2
+    s = centres[centres > L] / L
+    direct = []
+    for grid, law in laws.values():  # each seed's best lambda per bucket on its own grid, then scipy's slope
+        best = np.asarray(grid)[np.argmin([[(g - law(x)) ** 2 for g in grid] for x in s], axis=1)]
+        direct.append(scipy_stats.linregress(np.log(s), best).slope)
+    assert outcome.interval.per_seed == pytest.approx(direct, abs=1e-9)
+    assert direct[1] == pytest.approx(0.6, abs=0.05) and direct[0] == pytest.approx(0.3, abs=0.05)
 
 
 def test_missing_runs_are_not_measured_not_a_verdict():
@@ -198,22 +409,29 @@ def test_missing_runs_are_not_measured_not_a_verdict():
     assert outcome.verdict == "not measured" and "nope lambda=1.5" in outcome.reason
 
 
-@pytest.mark.parametrize(("side", "interval", "expected"), [
-    ("above", Interval(0.5, 0.2, 0.8, per_seed=(0.4, 0.6)), "reproduced"),
-    ("above", Interval(0.05, -0.1, 0.2, per_seed=(0.0, 0.1)), "inconclusive"),
-    ("above", Interval(-0.2, -0.3, -0.1, per_seed=(-0.2,)), "not reproduced"),
-    ("below", Interval(-0.2, -0.3, -0.1, per_seed=(-0.2,)), "reproduced"),
-    ("within", Interval(0.01, -0.05, 0.06, per_seed=(0.01,)), "reproduced"),
-    ("within", Interval(0.3, 0.2, 0.4, per_seed=(0.3,)), "not reproduced"),
-    ("above", Interval(0.5, math.nan, math.nan, per_seed=(0.5,)), "inconclusive"),
-    # a biased bootstrap: the interval excludes the effect but misses its own estimate, which is on the
-    # claim's side -> the widened interval straddles the threshold
-    ("above", Interval(0.12, -0.3, 0.05, per_seed=(0.12, 0.12)), "inconclusive"),
-    ("above", Interval(-0.2, -0.1, 0.05, per_seed=(-0.2,)), "not reproduced"),
-])
-def test_verdict_table(side, interval, expected):
-    claim = Claim("c", "", "", "log_ppl_difference", ("a", "b"), (1, 1), 0.1, side)
-    assert verdict(claim, interval) == expected
+# --- bad input: a claim reading a statistic the study does not produce ---------------------------------------
+
+
+def test_a_claim_on_a_statistic_the_study_does_not_produce_fails_at_load_in_one_line(monkeypatch):
+    steps = [PipelineStep(id="eval_nope", stage="evaluate", label="nope"),
+             PipelineStep(id="eval_rope", stage="evaluate", label="rope", overrides=["passkey_keys=0"])]
+    with pytest.raises(ValueError) as err:
+        PipelineConfig(name="x", steps=steps, common=["passkey_keys=10"], claims=["nope_retrieves_past_L"])
+    lines = str(err.value).splitlines()
+    assert len(lines) == 2  # the test and the precondition both read rope's passkeys: one line each
+    assert all("'eval_rope' sets passkey_keys=0: the study does not produce it" in line for line in lines)
+    assert PipelineConfig(name="x", steps=steps[:1] + [PipelineStep(id="eval_rope", stage="evaluate", label="rope")],
+                          claims=["nope_retrieves_past_L"]).claims
+    odd = Claim("odd", "", "", "log_ppl_difference", ("nope", "rope"), (1, 1),
+                preconditions=(Precondition("loss_spike_below", ("nope",)),))
+    monkeypatch.setitem(pipeline_config.CLAIMS_BY_ID, "odd", odd)
+    with pytest.raises(ValueError) as err:
+        PipelineConfig(name="x", steps=steps, claims=["odd"])
+    assert str(err.value).count("\n") == 0
+    assert "precondition 'loss_spike_below' names a statistic the study does not produce" in str(err.value)
+
+
+# --- the claims table ----------------------------------------------------------------------------------------
 
 
 def test_the_claims_table_signs_differences_but_not_levels():
@@ -222,13 +440,37 @@ def test_the_claims_table_signs_differences_but_not_levels():
     difference = evaluate_claim(HURTS, hurt_runs(0.05), RESAMPLES)
     rows = {line.split(" | ")[0].lstrip("| "): line for line in claims_table([level, difference]).splitlines()}
     assert "1.200 [" in rows[above.text] and "+1.200" not in rows[above.text]
-    assert f"{difference.interval.estimate:+.3f} [" in rows[HURTS.text]
+    assert f"{difference.across.estimate:+.3f} [" in rows[HURTS.text]
     assert difference.interval.estimate > 0
 
 
+def test_the_claims_table_shows_seeds_a_new_seed_and_the_evaluation_interval_apart():
+    outcome = evaluate_claim(HURTS, hurt_runs((0.10, 0.20, 0.15)), RESAMPLES)
+    table = claims_table([outcome])
+    header = next(line for line in table.splitlines() if line.startswith("| claim"))
+    assert header.strip("| ").split(" | ")[3:6] == ["ours: mean [95 % t across seeds]",
+                                                    "one new seed [95 % prediction]",
+                                                    "evaluation only [95 % pooled bootstrap]"]
+    cells = next(line for line in table.splitlines() if line.startswith(f"| {HURTS.text}")).strip("| ").split(" | ")
+    show = "{:+.3f}".format
+    assert cells[3].startswith(f"{show(outcome.across.estimate)} [{show(outcome.across.low)}, "
+                               f"{show(outcome.across.high)}] nats (per seed: ")
+    assert cells[4] == f"{show(outcome.prediction.estimate)} [{show(outcome.prediction.low)}, " \
+                       f"{show(outcome.prediction.high)}]"
+    assert cells[5] == f"{show(outcome.interval.estimate)} [{show(outcome.interval.low)}, {show(outcome.interval.high)}]"
+    assert cells[6:] == ["3 of 3", "**reproduced**"]
+
+
+def test_undefined_resamples_are_counted_and_shown():
+    claim = CLAIMS_BY_ID["uniform_repairs_2x"]
+    shaky = Interval(0.4, 0.1, 0.7, per_seed=(0.4, 0.3, 0.5), undefined=37, resamples=500)
+    outcome = Outcome(claim, "inconclusive", shaky, (1, 2, 3), across=t_interval(shaky.per_seed))
+    assert "(37 of 500 resamples undefined, left out)" in claims_table([outcome])
+
+
 def test_an_interval_that_misses_its_estimate_is_marked_and_explained():
-    biased = Outcome(HURTS, verdict(HURTS, Interval(-0.66, -0.59, -0.12, per_seed=(-0.2, -1.2, -0.6))),
-                     Interval(-0.66, -0.59, -0.12, per_seed=(-0.2, -1.2, -0.6)), (1, 2, 3))
+    missed = Interval(-0.66, -0.59, -0.12, per_seed=(-0.2, -1.2, -0.6))
+    biased = Outcome(HURTS, "inconclusive", missed, (1, 2, 3), across=t_interval(missed.per_seed))
     table = claims_table([biased])
     assert "-0.660 [-0.590, -0.120]" + BIASED in table and BIASED_NOTE in table
     fine = evaluate_claim(HURTS, hurt_runs(0.05), RESAMPLES)

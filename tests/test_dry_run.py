@@ -248,3 +248,21 @@ def test_a_reference_to_a_step_that_skips_the_point_is_refused(dry_run, tmp_path
     lines = problems(dry_run, path)
     assert lines[0].startswith("step search_nope[n_layer=1]: @{pretrain_nope.run_id}: step 'pretrain_nope' does not "
                                "run at matrix point {'n_layer': '2'}")
+
+
+def test_an_irope_temperature_on_a_model_without_nope_layers_fails_the_dry_run(dry_run, tmp_path):
+    """The evaluation's extension is checked against the model the file trains, so the pipeline stops before
+    the pre-training rather than after it."""
+    steps = [{"id": "pretrain_rope", "stage": "pretrain", "config": "conf/pretrain/tiny.yaml",
+              "overrides": ["model.pos_encoding=rope"]},
+             {"id": "eval_irope", "stage": "evaluate", "overrides": [
+                 "checkpoint=runs:/@{pretrain_rope.run_id}/model", "eval_lengths=[64,128]",
+                 "extension.temperature.irope_beta=0.1"]}]
+    path = tmp_path / "irope.yaml"
+    path.write_text(yaml.safe_dump({"name": "irope", "steps": steps}))
+    assert problems(dry_run, path) == [
+        "step eval_irope: temperature.irope_beta=0.1: iRoPE's temperature acts on NoPE layers only and this model has "
+        "none (layers: rope, rope) (model of step 'pretrain_rope')"]
+    steps[0]["overrides"].append("model.nope_every=2")  # one NoPE layer in two: accepted
+    path.write_text(yaml.safe_dump({"name": "irope", "steps": steps}))
+    assert dry_run(path)["problems"] == []

@@ -3,6 +3,7 @@ and resumes to the same results; a stopped pipeline takes its step's process gro
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -14,10 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from nope_lightning.config import PipelineStep, load_config
+from nope_lightning.config import PipelineConfig, PipelineStep, load_config, to_yaml
 from nope_lightning.pipeline.registry import get_stage, run_stage, stage_config
 from nope_lightning.pipeline.runkey import RunKey
-from nope_lightning.pipeline.steps import Instance, expand, step_config, step_hash, substitute
+from nope_lightning.pipeline.steps import (
+    Instance,
+    expand,
+    pipeline_hash,
+    recorded_hash,
+    step_config,
+    step_hash,
+    substitute,
+)
 from tests.conftest import REPO
 
 PIPELINE = str(REPO / "experiments/tiny.yaml")
@@ -325,3 +334,25 @@ def assert_declared(declared: dict[str, type] | None, result: dict, where: str) 
     assert declared is not None and set(declared) == set(result), (where, set(declared or ()) ^ set(result))
     for name, kind in declared.items():
         assert isinstance(result[name], kind) or (kind is float and isinstance(result[name], int)), (where, name)
+
+
+def test_fields_added_later_leave_a_store_s_finished_steps_finished(tmp_path):
+    """A field added to a schema (here the hybrid-model and iRoPE fields) changes no step's identity while it
+    holds its default, so an older store's records and parent runs still match; set, it does change it. The
+    report's label data (a step's paper row and family, the paired table's reference) never does."""
+    base = stage_config("pretrain", None, [])
+    old_yaml = to_yaml(base)
+    for key in ("layer_pattern", "nope_every", "layer_windows", "rope_window"):
+        assert f"{key}:" in old_yaml  # the fields exist in today's schema ...
+    stripped = "\n".join(line for line in old_yaml.splitlines() if not re.match(
+        r"\s*(irope_beta|irope_floor|layer_pattern|nope_every|layer_windows|rope_window):", line)) + "\n"
+    # ... and the hash a store recorded before them (the yaml without them) is still today's
+    assert recorded_hash(base) == hashlib.sha256(stripped.encode()).hexdigest()[:16]
+    assert step_hash(stage_config("pretrain", None, ["model.pos_encoding=rope", "model.nope_every=4"])) != step_hash(
+        stage_config("pretrain", None, ["model.pos_encoding=rope"]))
+    steps = [{"id": "a", "stage": "evaluate", "label": "nope"}]
+    plain = load_config(PipelineConfig, None, ["name=p", f"steps={steps}"])
+    labelled = load_config(PipelineConfig, None, ["name=p", "reference=nope",
+                                                  "steps=[{id: a, stage: evaluate, label: nope, family: nope, "
+                                                  "paper: {table2: nope}}]"])
+    assert pipeline_hash(plain) == pipeline_hash(labelled)

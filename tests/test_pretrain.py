@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -20,6 +21,7 @@ from nope_lightning.checkpoint import load_model
 from nope_lightning.config import PretrainConfig, TrackingConfig
 from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.training import trainer as trainer_module
+from nope_lightning.training.budget import default_name
 from tests.conftest import REPO
 
 TINY = str(REPO / "conf/pretrain/tiny.yaml")
@@ -169,3 +171,17 @@ def test_ddp_on_two_cpu_processes(overrides, tmp_path):
     result = json.loads(proc.stdout[proc.stdout.index("{"):])
     assert result["world_size"] == 2 and result["step"] == 6 and math.isfinite(result["val/len64/loss"])
     assert (tmp_path / "run/model/model.safetensors").is_file()
+
+
+def test_a_hybrid_never_trains_into_its_rope_base_s_out_dir():
+    """The default out_dir names a hybrid's layout, so a file that pre-trains RoPE and iRoPE with the same seed
+    does not resume one model from the other's checkpoint."""
+    rope = stage_config("pretrain", None, ["model.pos_encoding=rope"])
+    assert default_name(rope) == "pretrain-rope-kjv-L128-s1234"
+    assert default_name(stage_config("pretrain", None, ["model.pos_encoding=rope", "model.nope_every=4"])) == \
+        "pretrain-rope-nope4-kjv-L128-s1234"
+    assert default_name(stage_config("pretrain", None, ["model.pos_encoding=rope", "model.nope_every=4",
+                                                        "model.rope_window=64"])) == "pretrain-rope-nope4-swa64-kjv-L128-s1234"
+    listed = default_name(stage_config("pretrain", None, ["model.pos_encoding=rope",
+                                                          "model.layer_pattern=[rope,rope,rope,nope]"]))
+    assert re.fullmatch(r"pretrain-rope-layers-[0-9a-f]{8}-kjv-L128-s1234", listed)

@@ -19,8 +19,13 @@ import optuna
 import pytest
 
 from nope_lightning import cli
+from nope_lightning import tracking as tracking_store
 from nope_lightning.analysis.log_law import fit_log_scale
+from nope_lightning.checkpoint import load_model
+from nope_lightning.config import TrackingConfig
+from nope_lightning.extension import BETA_UNITS, scale_search_for
 from nope_lightning.pipeline.registry import run_stage, stage_config
+from nope_lightning.results.search import ScaleSearchResult
 from nope_lightning.search import open_study
 
 
@@ -127,10 +132,31 @@ def test_a_trial_replays_as_an_evaluate_command(search_overrides, tiny_pretraine
     assert replayed["val/len128/loss"] == pytest.approx(trial.user_attrs["logppl"]["128"], rel=1e-9)
 
 
+def test_a_beta_search_tunes_irope_temperature_and_no_lambda_reader_takes_it(search_overrides, tiny_pretrained,
+                                                                            tmp_path):
+    """parameter=irope_beta: trials at iRoPE's beta (the tiny model is NoPE: every layer takes it), best_beta per
+    target, no log fit, and a result HeadScale / log_slope_fit refuse as a lambda."""
+    overrides = [*search_overrides[:-2], f"storage=sqlite:///{tmp_path}/beta.db", "study_name=beta",
+                 "parameter=irope_beta", "grid=[0.0,0.5]", "irope_floor=0.5"]
+    result = run_stage("scale-search", stage_config("scale-search", None, overrides))
+    assert result["trials"] == 2 and result["scale_search/len128/best_beta"] in (0.0, 0.5)
+    assert "scale_search/len128/best_lambda" not in result and math.isnan(result["scale_search/fit_a"])
+    trials = optuna.load_study(study_name="beta", storage=f"sqlite:///{tmp_path}/beta.db").trials
+    assert sorted(t.params["beta"] for t in trials) == [0.0, 0.5]
+    assert "extension.temperature.irope_beta=0.5" in trials[-1].user_attrs["command"] + trials[0].user_attrs["command"]
+    tracking = TrackingConfig(*(o.split("=", 1)[1] for o in tiny_pretrained["tracking"]))
+    saved = tracking_store.download(tracking, result["run_id"], "scale_search.json")
+    assert ScaleSearchResult.load(saved).units == BETA_UNITS
+    with pytest.raises(ValueError, match="searched iRoPE's beta, not lambda"):
+        scale_search_for(str(saved), tracking, load_model(tiny_pretrained["model"], tracking).fingerprint, "init")
+
+
 @pytest.mark.parametrize("extra,message", [
     (["target_lengths=[64]"], "must exceed the model's train_len=64"),
     (["grid=[0.0,1.0]"], "must be positive"),
     (["target_lengths=[]"], "target_lengths= is required"),
+    (["parameter=irope_beta", "grid=[]"], "parameter=irope_beta needs grid=[0,...]"),
+    (["parameter=irope_beta", "grid=[0.1,0.2]"], "must be >= 0 and contain 0"),
 ])
 def test_scale_search_bad_input(search_overrides, extra, message, capsys):
     assert cli.main(["run", "scale-search", *search_overrides, *extra]) == 2

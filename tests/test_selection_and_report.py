@@ -12,7 +12,7 @@ import pytest
 
 from nope_lightning.analysis.claims import Outcome, evaluate_claim
 from nope_lightning.analysis.paper import CLAIMS_BY_ID, TABLE4
-from nope_lightning.analysis.stats import Interval, t_interval, wilson
+from nope_lightning.analysis.stats import Interval, prediction_interval, t_interval, wilson
 from nope_lightning.analysis.tables import (
     MISSING,
     RECIPE_KEYS,
@@ -192,11 +192,13 @@ class _Cells(HTMLParser):
 def test_a_cell_holding_a_pipe_renders_in_its_own_column_of_the_html_report(tmp_path):
     within = CLAIMS_BY_ID["nope_matches_rope_in_distribution"]
     assert "|" in within.rule  # |effect| <= ...
-    outcomes = [Outcome(within, "not reproduced", Interval(0.2, 0.19, 0.21, per_seed=(0.2, 0.21)), (1, 2)),
+    per_seed = (0.2, 0.21)
+    outcomes = [Outcome(within, "not reproduced", Interval(0.2, 0.19, 0.21, per_seed=per_seed), (1, 2),
+                        across=t_interval(per_seed), prediction=prediction_interval(per_seed)),
                 Outcome(CLAIMS_BY_ID["nope_degrades_later"], "not measured", reason="no run of 'rope'")]
     page = report_html("# R\n\n" + claims_table(outcomes), tmp_path, "R")
     parser = _Cells()
     parser.feed(page)
     (rows,) = parser.tables
-    assert len(rows) == 3 and set(rows) == {6}, rows  # header + 2 rows, each with the header's 6 cells
+    assert len(rows) == 3 and set(rows) == {8}, rows  # header + 2 rows, each with the header's 8 cells
     assert "<td>|effect| &lt;= 0.0953 nats</td>" in page

@@ -1,5 +1,6 @@
 """Intervals against analytic references: the bootstrap of a mean against the normal-theory interval, Wilson
-and Student t against their formulas (scipy), blocks, Spearman against scipy, and the pooled per-seed bootstrap."""
+and Student t against their formulas (scipy), the prediction interval for a new seed against scipy, blocks,
+Spearman against scipy, and the pooled per-seed bootstrap (one statistic per seed, undefined resamples counted)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from nope_lightning.analysis.stats import (
     blocks,
     bootstrap,
     per_seed_bootstrap,
+    prediction_interval,
     spearman,
     t_interval,
     wilson,
@@ -70,6 +72,18 @@ def test_t_interval_matches_scipy_and_one_seed_has_no_interval():
     assert single.estimate == 3.5 and math.isnan(single.low) and math.isnan(single.high)
 
 
+def test_the_prediction_interval_for_one_new_seed_matches_scipy():
+    values = [0.121, 0.003, -0.010, 0.05]
+    n, mean, sd = len(values), np.mean(values), np.std(values, ddof=1)
+    expected = scipy_stats.t.interval(0.95, n - 1, loc=mean, scale=sd * math.sqrt(1 + 1 / n))
+    interval = prediction_interval(values)
+    assert (interval.estimate, interval.low, interval.high) == pytest.approx((mean, *expected))
+    # sqrt(n + 1) times the t interval of the mean
+    assert interval.half_width == pytest.approx(t_interval(values).half_width * math.sqrt(n + 1))
+    single = prediction_interval([0.1])
+    assert single.estimate == 0.1 and math.isnan(single.low) and math.isnan(single.high)
+
+
 def test_an_accuracy_interval_stays_inside_zero_and_one():
     # Passkey accuracies of three seeds (the small study's NoPE at 2x): the raw t interval runs past both ends.
     values = [0.85, 0.80, 0.20]
@@ -107,6 +121,28 @@ def test_pooled_bootstrap_averages_seeds_and_keeps_each_estimate():
     # the mean of three independent means: its half-width is 1/sqrt(3) of one seed's
     assert pooled.half_width == pytest.approx(np.mean([e.half_width for e in each]) / math.sqrt(3), rel=0.2)
     assert all(e.low < m < e.high for e, m in zip(each, means, strict=True))
+
+
+def test_each_seed_may_have_its_own_statistic():
+    rng = np.random.default_rng(4)
+    strata = [np.stack([rng.normal(1.0, 1.0, 300), np.ones(300)], 1) for _ in range(2)]
+    pooled, each = per_seed_bootstrap(strata, (ratio, lambda sums: 2 * ratio(sums)), resamples=500)
+    means = [s[:, 0].mean() for s in strata]
+    assert pooled.per_seed == pytest.approx([means[0], 2 * means[1]])
+    assert pooled.estimate == pytest.approx((means[0] + 2 * means[1]) / 2)
+    with pytest.raises(ValueError, match="one per stratum"):
+        per_seed_bootstrap(strata, (ratio,), resamples=500)
+
+
+def test_undefined_resamples_are_counted_not_silently_dropped():
+    # a ratio whose denominator is 0 in the resamples that draw only the first (zero-count) unit of two
+    rows = np.array([[1.0, 0.0], [1.0, 1.0]])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        interval = bootstrap([rows], ratio, resamples=1000, seed=1)
+    assert interval.resamples == 1000
+    # P(both draws hit the zero-count unit) = 1/4: about 250 undefined resamples, counted
+    assert 180 < interval.undefined < 320
+    assert bootstrap([np.ones((5, 2))], ratio, resamples=200).undefined == 0
 
 
 def test_bootstrap_refuses_too_few_resamples():

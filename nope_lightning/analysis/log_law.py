@@ -1,6 +1,10 @@
 """Paper 001's position-dependent temperature, lambda(s) = 1 + a ln s (s = position / L, lambda in units of
 1/sqrt(d)): the least-squares fit of ``a`` through the best lambda per position, for one curve or for
-bootstrap resamples of many at once."""
+bootstrap resamples of many at once; and the slope of a free-intercept line ``lambda = c + b ln s``
+(``log_slope_batch``), the statistic that tells a log law from a constant lambda: a constant lambda, whatever its
+value, has slope 0, while the paper's law has slope a. The fixed-intercept fit cannot tell them apart: a flat
+best lambda of 1.3 gets a > 0 and an R^2 far below 0 (its R^2 is about the mean, which the fit is not
+allowed to reach)."""
 
 from __future__ import annotations
 
@@ -45,13 +49,25 @@ def fit_log_scale_batch(best: np.ndarray, ratios: np.ndarray) -> tuple[np.ndarra
         return a, np.where(total > 0, 1 - residual / total, np.nan)
 
 
-def position_fit_units(edges: Sequence[int], position: Sequence, grid: np.ndarray,
-                       train_len: int) -> tuple[np.ndarray, Callable]:
-    """A scale-search's per-position data as bootstrap input: ``(units, fit)`` where ``units`` (windows,
-    trials * buckets) holds, per validation position window, every trial's NLL sum over each bucket past L
-    (trials in ``grid`` order; ``position``: (trials, windows, buckets) NLL sums over the buckets ``edges``),
-    and ``fit(sums (R, 1, k)) -> (a, R^2)`` refits lambda = 1 + a ln s through each bucket's best lambda.
-    ``ValueError`` when fewer than two buckets lie past L."""
+def log_slope_batch(best: np.ndarray, ratios: np.ndarray) -> np.ndarray:
+    """The least-squares slope ``b`` of ``lambda = c + b ln s`` (free intercept ``c``) for many curves at once:
+    ``best`` (R, points) lambdas at ``ratios`` (points,) s > 0 -> (R,), in lambda per unit of ln s. Always
+    defined when the ratios differ (a flat curve has slope 0, never NaN)."""
+    x = np.log(np.asarray(ratios, dtype=np.float64))
+    centred = x - x.mean()
+    denominator = (centred * centred).sum()
+    if denominator == 0:
+        raise ValueError("a slope in ln s needs points at two or more positions")
+    return (np.asarray(best, dtype=np.float64) * centred).sum(-1) / denominator
+
+
+def position_buckets_past(edges: Sequence[int], position: Sequence,
+                          train_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A scale-search's per-position data past L as bootstrap input: ``(units, widths, ratios)``. ``units``
+    (windows, trials * buckets) holds, per validation position window, every trial's NLL sum over each bucket
+    past L (trials in grid order; ``position``: (trials, windows, buckets) NLL sums over the buckets ``edges``);
+    ``widths`` the buckets' token counts and ``ratios`` their centres / L (s). ``ValueError`` when fewer than two
+    buckets lie past L."""
     edges = np.asarray(edges)
     centers = (edges[:-1] + edges[1:] - 1) / 2
     past = centers > train_len
@@ -59,10 +75,26 @@ def position_fit_units(edges: Sequence[int], position: Sequence, grid: np.ndarra
         raise ValueError("the search measured fewer than two position buckets past L")
     position = np.asarray(position)[:, :, past]  # (trials, windows, buckets past L)
     units = position.transpose(1, 0, 2).reshape(position.shape[1], -1)
-    widths, ratios = np.diff(edges)[past], centers[past] / train_len
+    return units, np.diff(edges)[past], centers[past] / train_len
+
+
+def bucket_best(sums: np.ndarray, grid: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """The best lambda of each bucket from one seed's resampled sums ``(R, 1, trials * buckets)`` (the layout of
+    ``position_buckets_past``): (R, buckets)."""
+    nll = sums[:, 0].reshape(len(sums), len(grid), len(widths)) / widths
+    return best_on_grid(nll, np.asarray(grid))
+
+
+def position_fit_units(edges: Sequence[int], position: Sequence, grid: np.ndarray,
+                       train_len: int) -> tuple[np.ndarray, Callable]:
+    """A scale-search's per-position data as bootstrap input: ``(units, fit)`` where ``units`` (windows,
+    trials * buckets) holds, per validation position window, every trial's NLL sum over each bucket past L
+    (trials in ``grid`` order; ``position``: (trials, windows, buckets) NLL sums over the buckets ``edges``),
+    and ``fit(sums (R, 1, k)) -> (a, R^2)`` refits lambda = 1 + a ln s through each bucket's best lambda.
+    ``ValueError`` when fewer than two buckets lie past L."""
+    units, widths, ratios = position_buckets_past(edges, position, train_len)
 
     def fit(sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        nll = sums[:, 0].reshape(len(sums), len(grid), len(ratios)) / widths
-        return fit_log_scale_batch(best_on_grid(nll, grid), ratios)
+        return fit_log_scale_batch(bucket_best(sums, grid, widths), ratios)
 
     return units, fit

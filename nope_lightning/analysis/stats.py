@@ -12,7 +12,8 @@ per-unit ratios.
 Strata are seeds. Each seed's units are resampled within that seed, and the statistic sees one row of sums per
 seed; "pooled" estimates average a per-seed effect over the seeds (each seed weighs the same), so the pooled
 interval measures the evaluation-data noise of the seeds we ran, and the spread between seeds is reported
-separately (per-seed estimates, and a t interval across seeds).
+separately (per-seed estimates, a t interval across seeds, and a prediction interval for one more seed: what
+another seed, i.e. another trained model, would show).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ class Interval:
     high: float
     level: float = LEVEL
     per_seed: tuple[float, ...] = ()
+    #: Bootstrap resamples whose statistic was undefined (NaN: e.g. a share of a gap that vanished in that
+    #: resample) out of ``resamples``; the bounds are percentiles of the defined ones only, so a table must say
+    #: how many were left out (0 of 0 for an interval that is not a bootstrap).
+    undefined: int = 0
+    resamples: int = 0
 
     @property
     def half_width(self) -> float:
@@ -93,6 +99,21 @@ def t_interval(values: Sequence[float], level: float = LEVEL,
     return Interval(mean, max(bounds[0], mean - half), min(bounds[1], mean + half), level, tuple(x.tolist()))
 
 
+def prediction_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
+    """Where one more seed's value should fall: ``mean +- t(level, n - 1) * s * sqrt(1 + 1/n)`` over the ``n``
+    per-seed ``values`` (normal seeds, unknown variance; Student t with df = n - 1). Wider than the t interval
+    of the mean by ``sqrt(n + 1)``: it carries the new seed's own spread as well as the mean's uncertainty. One
+    value has no interval (NaN bounds). NaN values make NaN bounds: an undefined seed is not dropped."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("prediction_interval needs at least one value")
+    mean = float(x.mean())
+    if x.size == 1:
+        return Interval(mean, math.nan, math.nan, level, (mean,))
+    half = scipy_stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) * math.sqrt(1 + 1 / x.size)
+    return Interval(mean, mean - half, mean + half, level, tuple(x.tolist()))
+
+
 Statistic = Callable[[np.ndarray], np.ndarray]
 
 
@@ -109,8 +130,9 @@ def bootstrap(strata: Sequence[np.ndarray], statistic: Statistic, resamples: int
 
     Returns:
         The point estimate on all units, and the ``(1 - level) / 2`` and ``(1 + level) / 2`` percentiles of
-        the resampled values (NaN resamples, e.g. a ratio with a zero denominator, are dropped; all NaN gives
-        NaN bounds).
+        the resampled values. Undefined resamples (NaN or infinite, e.g. a ratio with a zero denominator) are
+        left out of the percentiles and counted (``Interval.undefined`` of ``Interval.resamples``); all
+        undefined gives NaN bounds.
     """
     if resamples < MIN_RESAMPLES:
         raise ValueError(f"bootstrap resamples={resamples} is too few: use >= {MIN_RESAMPLES}")
@@ -122,24 +144,32 @@ def bootstrap(strata: Sequence[np.ndarray], statistic: Statistic, resamples: int
                      for s in strata], axis=1)
     values = np.asarray(statistic(sums), dtype=np.float64)
     values = values[np.isfinite(values)]
+    undefined = resamples - int(values.size)
     estimate = float(np.asarray(statistic(full)).reshape(-1)[0])
     if values.size == 0:
-        return Interval(estimate, math.nan, math.nan, level)
+        return Interval(estimate, math.nan, math.nan, level, undefined=undefined, resamples=resamples)
     low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
-    return Interval(estimate, float(low), float(high), level)
+    return Interval(estimate, float(low), float(high), level, undefined=undefined, resamples=resamples)
 
 
-def per_seed_bootstrap(strata: Sequence[np.ndarray], statistic: Statistic, resamples: int = 1000, seed: int = 0,
-                       level: float = LEVEL) -> tuple[Interval, list[Interval]]:
-    """The pooled interval (``statistic`` averaged over seeds, strata resampled together) and one interval per
-    seed. ``statistic`` maps ``(R, 1, k)`` sums of ONE seed to ``(R,)``; the pooled value is its mean over
-    seeds. The pooled ``Interval`` carries the per-seed point estimates in ``per_seed``."""
+def per_seed_bootstrap(strata: Sequence[np.ndarray], statistic: Statistic | Sequence[Statistic],
+                       resamples: int = 1000, seed: int = 0, level: float = LEVEL) -> tuple[Interval, list[Interval]]:
+    """The pooled interval (the statistic averaged over seeds, strata resampled together) and one interval per
+    seed. ``statistic`` maps ``(R, 1, k)`` sums of ONE seed to ``(R,)``: one function for every seed, or one per
+    seed (a statistic built from that seed's own data, e.g. its own search grid); the pooled value is the mean
+    over seeds. The pooled ``Interval`` carries the per-seed point estimates in ``per_seed`` and its count of
+    undefined resamples (a resample is undefined when any seed's statistic is)."""
+    functions = list(statistic) if isinstance(statistic, Sequence) else [statistic] * len(strata)
+    if len(functions) != len(strata):
+        raise ValueError(f"{len(functions)} statistics for {len(strata)} strata: give one, or one per stratum")
+
     def pooled(sums: np.ndarray) -> np.ndarray:
-        return np.mean([statistic(sums[:, i:i + 1]) for i in range(sums.shape[1])], axis=0)
+        return np.mean([f(sums[:, i:i + 1]) for i, f in enumerate(functions)], axis=0)
 
-    each = [bootstrap([s], statistic, resamples, seed + i, level) for i, s in enumerate(strata)]
+    each = [bootstrap([s], f, resamples, seed + i, level) for i, (s, f) in enumerate(zip(strata, functions,
+                                                                                          strict=True))]
     pool = bootstrap(strata, pooled, resamples, seed, level)
-    return (Interval(pool.estimate, pool.low, pool.high, level, tuple(e.estimate for e in each)), each)
+    return replace(pool, per_seed=tuple(e.estimate for e in each)), each
 
 
 def blocks(values: np.ndarray, groups: np.ndarray, size: int) -> np.ndarray:

@@ -5,7 +5,8 @@ the mean over seeds with a Student t interval across seeds (training variance: a
 model); with one seed it is that run's own interval (a bootstrap over blocks of evaluation windows for
 perplexity, Wilson for passkey accuracy). Perplexities are averaged as log-PPL and shown as PPL. What was not
 run prints "—". Method-against-method differences are paired instead (``paired_table``, ``claims_table``): a
-bootstrap over the shared windows and prompts, pooled over seeds. Which paper row a method is printed
+bootstrap over the shared windows and prompts, pooled over seeds; the claims table also gives each claim's t
+interval across the per-seed effects and a prediction interval for one new seed, which its verdict reads. Which paper row a method is printed
 beside is the experiment file's to say (``rows``: method -> row of the paper's table), matched exactly.
 """
 
@@ -33,7 +34,7 @@ MISSING = "—"
 BIASED = "†"
 BIASED_NOTE = (f"{BIASED} The estimate lies outside its bootstrap interval: resampling biases this statistic (a "
                "non-smooth one, such as an R^2 of per-position best-lambda fits), so the interval shows the spread, "
-               "not where the value lies; verdicts use the interval widened to include the estimate.")
+               "not where the value lies.")
 
 
 @dataclass(frozen=True)
@@ -347,22 +348,39 @@ def recipe_section(pretrains: list) -> str:
 
 
 def claims_table(outcomes: Sequence[Outcome]) -> str:
-    """Each claim: its rule, paper 001's figure, our pooled effect with its interval and per-seed estimates,
-    how many seeds lie on the claim's side, and the verdict (``claims.verdict``)."""
+    """Each claim: its rule, paper 001's figure, our effect as the mean of the per-seed effects with its 95 % t
+    interval across seeds (and each seed's effect), the 95 % prediction interval for one new seed, the
+    evaluation-only interval (pooled bootstrap over the evaluation units, models held fixed; with how many
+    resamples were undefined), how many seeds lie on the claim's side, and the verdict (``claims.verdict``:
+    from the interval across seeds; one seed: ``claims.NO_SEED_VERDICT``)."""
     rows = []
     for o in outcomes:
         if o.interval is None:
-            ours, side = f"{o.verdict}: {o.reason}", MISSING
+            rows.append([o.claim.text, o.claim.rule, o.claim.paper, f"{o.verdict}: {o.reason}", MISSING, MISSING,
+                         MISSING, f"**{o.verdict}**"])
+            continue
+        show = ("{:+.3f}" if o.claim.signed else "{:.3f}").format
+        seeds = len(o.interval.per_seed)
+        across = o.across or Interval(o.interval.estimate, math.nan, math.nan)
+        ours = f"{cell(across, show)} {o.claim.unit}"
+        ours += f" (per seed: {' / '.join(map(show, o.interval.per_seed))})" if seeds > 1 else " (1 seed)"
+        new_seed = cell(o.prediction, show) if seeds > 1 and o.prediction is not None else MISSING
+        if math.isnan(o.interval.low) and math.isnan(o.interval.high) and not o.interval.resamples:
+            evaluation = "none (no evaluation units to resample)"
         else:
-            show = ("{:+.3f}" if o.claim.signed else "{:.3f}").format
-            per_seed = " / ".join(map(show, o.interval.per_seed))
-            ours = f"{cell(o.interval, show)} {o.claim.unit}"
-            ours += f" (per seed: {per_seed})" if len(o.interval.per_seed) > 1 else ""
-            side = f"{o.on_side} of {len(o.interval.per_seed)}"
-        rows.append([o.claim.text, o.claim.rule, o.claim.paper, ours, side, f"**{o.verdict}**"])
+            evaluation = cell(o.interval, show)
+        if o.interval.undefined:
+            evaluation += f" ({o.interval.undefined} of {o.interval.resamples} resamples undefined, left out)"
+        rows.append([o.claim.text, o.claim.rule, o.claim.paper, ours, new_seed, evaluation,
+                     f"{o.on_side} of {seeds}", f"**{o.verdict}**"])
     return ("### Paper 001's claims, tested\n\n"
-            "Each effect is paired (the compared methods scored on the same windows or prompts) and pooled over "
-            "seeds (the mean of per-seed effects; 95 % bootstrap interval). *reproduced*: the interval clears the "
-            "threshold and every seed's estimate is on the claim's side; *not reproduced*: the interval excludes "
-            "the effect; *inconclusive*: neither; *untestable*: a precondition fails.\n\n"
-            + markdown_table(["claim", "rule", "paper 001", "ours", "seeds on the claim's side", "verdict"], rows))
+            "Each effect is paired (the compared methods scored on the same windows, position windows or prompts) "
+            "and computed seed by seed. *ours*: the mean of the per-seed effects with its 95 % t interval across "
+            "seeds (df = seeds - 1); *one new seed*: the 95 % prediction interval for another seed's effect; "
+            "*evaluation only*: the 95 % bootstrap over the evaluation units, pooled over seeds, with the trained "
+            "models held fixed (not used for verdicts). Verdicts are about seeds: *reproduced* when the t "
+            "interval lies on the claim's side of the threshold, *not reproduced* when it lies on the other "
+            "side, *inconclusive* otherwise; one seed gets no verdict; *untestable*: a precondition fails.\n\n"
+            + markdown_table(["claim", "rule", "paper 001", "ours: mean [95 % t across seeds]",
+                              "one new seed [95 % prediction]", "evaluation only [95 % pooled bootstrap]",
+                              "seeds on the claim's side", "verdict"], rows))

@@ -57,6 +57,14 @@ class AttentionTemperature:
     ``runs:/<run_id>/<artifact path>``, and ``nope_lightning.extension`` resolves both references for the
     evaluated model (the fit is refused when it was run on another model); under ``model`` the settings are
     resolved ones: local files and no fit.
+
+    iRoPE's inference-time temperature (Llama 4), on the **NoPE layers only** (``ModelConfig.layer_encodings``):
+    the query at 0-based position i is multiplied by ``1 + irope_beta ln(floor((i + 1) / F) + 1)`` with
+    ``F = irope_floor x L`` tokens. ``irope_beta`` is Llama 4's ``attn_scale`` (0: off; Llama 4 uses 0.1).
+    ``irope_floor`` is its ``floor_scale`` in units of the training length L rather than tokens: Llama 4's
+    8,192 tokens would leave every query of a model trained at L = 128 and read at 8x untouched. At the
+    default 1.0, F = L: the multiplier is exactly 1 for the queries with i + 1 < F and first exceeds 1 at the
+    L-th token (i = F - 1), as the reference formula has it. It multiplies with the other temperatures.
     """
 
     uniform: float = 1.0
@@ -64,10 +72,14 @@ class AttentionTemperature:
     log_slope: float = 0.0
     log_slope_table: str = ""
     log_slope_fit: str = ""
+    irope_beta: float = 0.0
+    irope_floor: float = 1.0
 
     def check(self, prefix: str, resolved: bool) -> None:
         """Raise ``ValueError`` naming ``prefix.<key>`` for a bad value; ``resolved``: refuse references."""
         check_range(f"{prefix}.uniform", self.uniform, 0.0, low_open=True)
+        check_range(f"{prefix}.irope_beta", self.irope_beta, 0.0)
+        check_range(f"{prefix}.irope_floor", self.irope_floor, 0.0, low_open=True)
         check_range(f"{prefix}.log_slope", self.log_slope, 0.0)  # a < 0 would make max(1, ...) 1 everywhere
         if (self.log_slope > 0) + bool(self.log_slope_table) + bool(self.log_slope_fit) > 1:
             raise ValueError(f"{prefix}.log_slope, log_slope_table and log_slope_fit all set the slopes a: give one")
@@ -91,6 +103,16 @@ class ModelConfig:
     ``temperature``: the attention temperatures (``AttentionTemperature``, resolved: local files, no fit),
     an evaluation-time setting like ``rope_scaling``; ``ssmax`` pre-trains with Scalable-Softmax's learned
     per-head ``s ln(i+1)`` multiplier (nope, alibi, rope).
+
+    Hybrids (per-layer position encoding, ``pos_encoding=rope`` only; resolved in ``layer_encodings``): at most
+    one of ``layer_pattern``, each layer's encoding (``nope`` or ``rope``, one entry per layer), and
+    ``nope_every`` k, which makes layer l NoPE when (l + 1) % k == 0 and the rest RoPE (Llama 4's
+    ``no_rope_layer_interval``: k = 4 is iRoPE's one NoPE layer in four, layers 3, 7, ...; 0: off); neither
+    means every layer is ``pos_encoding``. Sliding-window attention (resolved in ``windows``): at most one of
+    ``layer_windows``, each layer's window W in tokens (null: global attention; one entry per layer), and
+    ``rope_window``, W on every RoPE layer (Cohere's RNoPE-SWA: windowed RoPE, global NoPE); null/empty: global
+    everywhere. The query at position i of a windowed layer attends to the keys i - W < j <= i (W keys, itself
+    included: litgpt's ``sliding_window_size`` convention), 1 <= W <= ``max_positions``.
     """
 
     n_layer: int = 4
@@ -109,6 +131,10 @@ class ModelConfig:
     ssmax: bool = False
     attention_backend: str = "sdpa"
     init_std: float = 0.02
+    layer_pattern: list[str] = field(default_factory=list)
+    nope_every: int = 0
+    layer_windows: list[int | None] = field(default_factory=list)
+    rope_window: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("model.pos_encoding", self.pos_encoding, POS_ENCODINGS)
@@ -131,6 +157,36 @@ class ModelConfig:
         if self.rope_scaling.method != "none" and self.pos_encoding != "rope":
             raise ValueError(f"model.rope_scaling.method={self.rope_scaling.method} applies to "
                              f"pos_encoding=rope only (got {self.pos_encoding})")
+        self.check_layers()
+
+    def check_layers(self) -> None:
+        """The per-layer encodings and windows (see the class docstring): one line per bad value."""
+        if self.layer_pattern and self.nope_every:
+            raise ValueError("model.layer_pattern and model.nope_every both set the per-layer encodings: give one")
+        if (self.layer_pattern or self.nope_every) and self.pos_encoding != "rope":
+            raise ValueError(f"model.layer_pattern / model.nope_every make some layers of a RoPE model NoPE: they "
+                             f"need model.pos_encoding=rope (got {self.pos_encoding})")
+        for name in self.layer_pattern:
+            check_choice("model.layer_pattern", name, ("nope", "rope"))
+        for key in ("layer_pattern", "layer_windows"):
+            if len(getattr(self, key)) not in (0, self.n_layer):
+                raise ValueError(f"model.{key} names {len(getattr(self, key))} layers; the model has "
+                                 f"n_layer={self.n_layer}: give one entry per layer")
+        check_range("model.nope_every", self.nope_every, 0)
+        if self.nope_every > self.n_layer:
+            raise ValueError(f"model.nope_every={self.nope_every} names layer {self.nope_every - 1} as the first "
+                             f"NoPE layer; the model has n_layer={self.n_layer}")
+        if self.layer_windows and self.rope_window is not None:
+            raise ValueError("model.layer_windows and model.rope_window both set the attention windows: give one")
+        for key, window in (*(("layer_windows", w) for w in self.layer_windows), ("rope_window", self.rope_window)):
+            if window is not None:
+                check_range(f"model.{key}", window, 1, self.max_positions)
+        encodings = self.layer_encodings
+        if self.rope_window is not None and "rope" not in encodings:
+            raise ValueError(f"model.rope_window={self.rope_window} windows the RoPE layers; this model has none")
+        if self.temperature.irope_beta > 0 and "nope" not in encodings:
+            raise ValueError(f"temperature.irope_beta={self.temperature.irope_beta:g}: iRoPE's temperature acts on "
+                             f"NoPE layers only and this model has none (layers: {', '.join(encodings)})")
 
     @property
     def head_size(self) -> int:
@@ -139,6 +195,22 @@ class ModelConfig:
     @property
     def kv_heads(self) -> int:
         return self.n_query_groups or self.n_head
+
+    @property
+    def layer_encodings(self) -> tuple[str, ...]:
+        """Each layer's position encoding: ``layer_pattern``, ``nope_every``'s, else ``pos_encoding`` everywhere."""
+        if self.layer_pattern:
+            return tuple(self.layer_pattern)
+        if self.nope_every:
+            return tuple("nope" if (layer + 1) % self.nope_every == 0 else "rope" for layer in range(self.n_layer))
+        return (self.pos_encoding,) * self.n_layer
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window in tokens, None for global attention (``layer_windows`` or ``rope_window``)."""
+        if self.layer_windows:
+            return tuple(self.layer_windows)
+        return tuple(self.rope_window if encoding == "rope" else None for encoding in self.layer_encodings)
 
 
 @dataclass

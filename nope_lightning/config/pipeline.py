@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
-from nope_lightning.analysis.paper import CLAIMS_BY_ID, row_problem
+from nope_lightning.analysis.paper import CLAIMS_BY_ID, PRECONDITION_NEEDS, TEST_NEEDS, Claim, row_problem
 from nope_lightning.config.core import check_bootstrap
 from nope_lightning.config.parts import TrackingConfig
 
@@ -59,7 +59,7 @@ class PipelineConfig:
     A finished step never runs twice: a step whose resolved config (less its parent run) matches a FINISHED step
     of this or any other pipeline run in the store is skipped, and a reuse from another run is recorded on this
     one (so adding a seed runs only that seed's steps); a killed pipeline resumes where it stopped. ``report`` runs the report stage at the end. ``dry_run`` runs nothing:
-    it resolves and checks every step and prints the plan (``nope_lightning/plan.py``).
+    it resolves and checks every step and prints the plan (``nope_lightning/pipeline/dry_run.py``).
     """
 
     name: str = ""
@@ -138,7 +138,10 @@ class PipelineConfig:
             raise ValueError("\n".join(problems))
 
     def _check_claims(self) -> None:
-        """Every claim must be known and every method it compares must be run by a step of this file."""
+        """Every claim must be known, every method it compares must be run by a step of this file (a
+        ``conditional`` claim's need not: without them it is not measured), and every statistic it or its
+        preconditions read must be one the claims engine computes and the file's steps produce: a claim about
+        passkeys of a method whose step sets ``passkey_keys=0`` fails here, in one line, not after the compute."""
         methods = {step.label or step.id for step in self.steps}
         problems = []
         for claim_id in self.claims:
@@ -148,17 +151,43 @@ class PipelineConfig:
                 hint = f"did you mean {close[0]!r}? " if close else ""
                 problems.append(f"unknown claim {claim_id!r}; {hint}claims: {', '.join(CLAIMS_BY_ID)}")
                 continue
-            needed = {*(claim.methods if not claim.min_methods else ()),
+            needed = {*(claim.methods if not claim.conditional else ()),
                       *(m for p in claim.preconditions for m in p.methods)}
             for method in sorted(needed - methods):
                 problems.append(f"claim {claim_id!r} compares method {method!r}, which no step of pipeline "
                                 f"{self.name!r} runs (a step label or id); add the step or drop the claim")
-            if claim.min_methods and len(set(claim.methods) & methods) < claim.min_methods:
-                problems.append(f"claim {claim_id!r} needs at least {claim.min_methods} of the methods "
-                                f"{', '.join(claim.methods)}; pipeline {self.name!r} runs "
-                                f"{len(set(claim.methods) & methods)}")
+            problems += self._statistic_problems(claim)
         if problems:
             raise ValueError("\n".join(problems))
+
+    def _statistic_problems(self, claim: Claim) -> list[str]:
+        """Why the statistics ``claim`` reads would not exist after the run: a test or precondition the engine
+        does not compute, or one whose methods' steps turn off the setting it needs (``paper.TEST_NEEDS``,
+        ``paper.PRECONDITION_NEEDS``: a setting assigned 0 or false, common overrides first, a step's own last)."""
+        reads = [(f"test {claim.test!r}", TEST_NEEDS.get(claim.test), claim.methods)]
+        reads += [(f"precondition {p.kind!r}", PRECONDITION_NEEDS.get(p.kind), p.methods) for p in claim.preconditions]
+        problems = []
+        for what, settings, methods in reads:
+            if settings is None:
+                known = TEST_NEEDS if what.startswith("test") else PRECONDITION_NEEDS
+                problems.append(f"claim {claim.id!r}: its {what} names a statistic the study does not produce "
+                                f"(known: {', '.join(known)})")
+                continue
+            for step in self.steps:
+                if (step.label or step.id) not in methods:
+                    continue
+                assigned = dict(_assignment(o) for o in [*self.common, *step.overrides] if "=" in o)
+                off = [k for k in settings if assigned.get(k, "").strip().lower() in ("0", "false")]
+                problems += [f"claim {claim.id!r}: its {what} reads {step.label or step.id!r}'s statistic that needs "
+                             f"{key}, but step {step.id!r} sets {key}={assigned[key]}: the study does not produce "
+                             f"it; drop the claim or measure it" for key in off]
+        return problems
+
+
+def _assignment(override: str) -> tuple[str, str]:
+    """``key=value`` -> ``(key, value)`` as written."""
+    key, _, value = override.partition("=")
+    return key.strip(), value
 
 
 @dataclass

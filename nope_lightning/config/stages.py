@@ -81,7 +81,8 @@ class ExtensionConfig:
     """A length-extension setting applied at evaluation time to a trained model (no training).
 
     ``temperature``: the attention temperatures (``AttentionTemperature``: uniform lambda, per-head table,
-    log-length slopes), tables as files or ``runs:/<run_id>/<artifact path>``; ``rope_scaling``: NTK /
+    log-length slopes, iRoPE's ``irope_beta`` / ``irope_floor`` on the NoPE layers), tables as files or
+    ``runs:/<run_id>/<artifact path>``; ``rope_scaling``: NTK /
     dynamic NTK / YaRN zero-shot (or PI/YaRN of a fine-tuned model) for RoPE models (``method=none`` keeps
     the model's own); ``attention_backend``: sdpa or flash. ``nope_lightning.extension`` resolves it for one
     model.
@@ -206,6 +207,12 @@ class ScaleSearchConfig:
     longest target (fewer if the split is shorter): each bucket's optimum is a noisy argmin, so the fit needs
     far more windows than a plot does. The best lambda per target and the fit a / R^2 get 95 % intervals from a
     ``bootstrap``-resample bootstrap over the validation windows (every trial scores the same windows).
+
+    ``parameter``: ``lambda`` (the above) or ``irope_beta``, a grid over iRoPE's beta instead (each trial is
+    ``evaluate extension.temperature.irope_beta=beta extension.temperature.irope_floor=<irope_floor>``, F in
+    units of L; a model with NoPE layers). Its grid is ``grid``, required, of betas >= 0 including 0 (the
+    model without the temperature, the baseline every beta is compared with); the result has the same
+    layout, its "lambda" entries holding beta (``units`` says so) and no log fit.
     """
 
     checkpoint: str = ""
@@ -214,6 +221,8 @@ class ScaleSearchConfig:
     grid_min: float = 0.8
     grid_max: float = 2.5
     grid_step: float = 0.05
+    parameter: str = "lambda"
+    irope_floor: float = 1.0
     sampler: str = "grid"
     num_trials: int = 0
     storage: str = ""
@@ -237,6 +246,28 @@ class ScaleSearchConfig:
         for length in self.target_lengths:
             check_target_length("target_lengths", length)
         check_choice("sampler", self.sampler, ("grid", "tpe"))
+        check_choice("parameter", self.parameter, ("lambda", "irope_beta"))
+        check_range("irope_floor", self.irope_floor, 0.0, low_open=True)
+        if self.parameter == "irope_beta":
+            self.check_beta_grid()
+        else:
+            self.check_lambda_grid()
+        for key in ("num_trials", "stride"):
+            check_range(key, getattr(self, key), 0)
+        for key in ("ppl_tokens", "batch_size", "position_windows", "position_buckets"):
+            check_range(key, getattr(self, key), 1)
+        check_bootstrap("bootstrap", self.bootstrap)
+
+    def check_beta_grid(self) -> None:
+        """iRoPE's beta grid: given, >= 0, containing 0 (no temperature); the sampler draws from it."""
+        if not self.grid:
+            raise ValueError("parameter=irope_beta needs grid=[0,...] (betas; grid_min/max/step are lambda's)")
+        if min(self.grid) < 0 or 0.0 not in self.lambdas:
+            raise ValueError(f"the beta grid {self.lambdas[:4]}... must be >= 0 and contain 0 (the model "
+                             f"without iRoPE's temperature)")
+
+    def check_lambda_grid(self) -> None:
+        """The lambda grid: positive, containing 1.0 (the default temperature)."""
         for value in (*self.grid, self.grid_min, self.grid_max, self.grid_step):
             if value <= 0:
                 raise ValueError(f"the lambda grid must be positive (got {value}); lambda is a softmax "
@@ -247,15 +278,11 @@ class ScaleSearchConfig:
             raise ValueError(f"the lambda grid {self.lambdas[:4]}... does not contain 1.0, the default "
                              f"temperature (HeadScale's init=default start); add it to grid= or align "
                              f"grid_min/grid_step with 1.0")
-        for key in ("num_trials", "stride"):
-            check_range(key, getattr(self, key), 0)
-        for key in ("ppl_tokens", "batch_size", "position_windows", "position_buckets"):
-            check_range(key, getattr(self, key), 1)
-        check_bootstrap("bootstrap", self.bootstrap)
 
     @property
     def lambdas(self) -> list[float]:
-        """The grid of lambdas, rounded to 6 decimals so grid points compare exactly."""
+        """The grid of lambdas (betas with ``parameter=irope_beta``), rounded to 6 decimals so grid points
+        compare exactly."""
         if self.grid:
             return sorted({round(v, 6) for v in self.grid})
         count = int(round((self.grid_max - self.grid_min) / self.grid_step)) + 1

@@ -15,7 +15,8 @@ CONVERGED_TAIL = 8  # "converged" entropy: mean over the last 1/8 of a window's 
 
 
 def mask_bias(mask: torch.Tensor | None):
-    """The probe's additive (1, H, T, T) mask as ``attention_entropy_from_qk``'s bias callable."""
+    """The probe's additive (1, H | 1, T, T) mask (a position bias, a sliding window, or both) as
+    ``attention_entropy_from_qk``'s bias callable."""
     if mask is None:
         return None
     return lambda q_pos, k_pos: mask[0][:, q_pos][:, :, k_pos]

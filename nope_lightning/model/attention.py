@@ -10,6 +10,12 @@ Position biases (ALiBi, T5) arrive as an additive float mask of shape (1, H, T, 
 causal -inf; ``mask=None`` means plain causal attention. A bias is added after the temperature: the
 temperature scales content similarity only, which is what the papers' temperature acts on (NoPE has no bias).
 
+Hybrids (``ModelConfig.layer_encodings``, ``ModelConfig.windows``): a layer built with ``nope=True`` skips the
+rotation of a RoPE model, and a layer with a ``window`` W adds -inf for keys W or more positions behind the
+query to the mask it is handed (``sliding_window``), so one mask per forward serves every layer and the
+windowed mask is what SDPA, the probe and the cache see. Under ``attention_backend=flash`` a windowed layer
+keeps flash-attn through its ``window_size`` when there is no other mask.
+
 Incremental decoding: with a ``LayerCache`` attached (``GPT.kv_cache``) and ``input_pos`` given, each call
 writes its keys/values at their per-row positions and attends over cache slots 0..S-1, slot j holding
 position j of that row; the mask is then (B, 1 or H, T, S) with the causal -inf of each row's positions.
@@ -31,7 +37,7 @@ from litgpt.model import apply_rope
 
 from nope_lightning.model.temperature import Temperature
 
-#: probe(layer, q_scaled (B,H,T,d), k (B,H,T,d), mask (1,H,T,T) additive or None=causal)
+#: probe(layer, q_scaled (B,H,T,d), k (B,H,T,d), mask (1,H|1,T,T) additive or None=causal)
 Probe = Callable[[int, torch.Tensor, torch.Tensor, "torch.Tensor | None"], None]
 
 
@@ -74,14 +80,33 @@ class LayerCache:
             self.k, self.v = self.k[rows], self.v[rows]
 
 
+def sliding_window(mask: torch.Tensor | None, positions: torch.Tensor | None, n_keys: int, window: int,
+                   q: torch.Tensor) -> torch.Tensor:
+    """``mask`` (additive (B | 1, H | 1, T, S), or None: plain causal) with -inf for every key j that lies
+    ``window`` or more positions behind its query i (i - j >= window), so the query attends to the keys
+    i - window < j <= i: (B | 1, H | 1, T, S) in ``mask``'s dtype (q's when None), on q's device.
+    ``positions`` (B, T): the queries' absolute positions; None means 0..T-1 (a full forward); q (B, H, T, d)."""
+    if positions is None:
+        positions = torch.arange(q.size(2), device=q.device)[None]
+    distance = (positions[..., None] - torch.arange(n_keys, device=q.device))[:, None]  # (B | 1, 1, T, S)
+    if mask is None:
+        mask = torch.zeros(distance.shape, dtype=q.dtype, device=q.device).masked_fill(distance < 0, -math.inf)
+    return torch.where(distance >= window, -math.inf, mask)  # broadcasts the mask's rows and heads
+
+
 class Attention(LitAttention):
     """litgpt's ``CausalSelfAttention`` with the layer's ``temperature`` (``Temperature``: per-head lambda,
-    log-length slopes, SSMax; ``train_len`` is their L, ``ssmax`` adds SSMax) and a backend switch."""
+    log-length slopes, SSMax, iRoPE's; ``train_len`` is their L, ``ssmax`` adds SSMax) and a backend switch.
+    ``nope``: the layer has no position encoding (a NoPE model's layers; a hybrid's NoPE layers, which skip
+    the rotation of a RoPE model); ``window``: its sliding window in tokens (None: global)."""
 
     def __init__(self, config: Config, block_idx: int, backend: str = "sdpa", train_len: int = 0,
-                 ssmax: bool = False) -> None:
+                 ssmax: bool = False, nope: bool = False, window: int | None = None) -> None:
         super().__init__(config, block_idx)
-        self.temperature = Temperature(config.n_head, train_len, ssmax)
+        # Our models rotate all channels or none; a NoPE layer of a hybrid rotates none.
+        self.rotates = bool(config.rope_n_elem) and not nope
+        self.window = window
+        self.temperature = Temperature(config.n_head, train_len, ssmax, nope)
         self.backend = backend
         self.probe: Probe | None = None
         self.cache: LayerCache | None = None
@@ -107,7 +132,7 @@ class Attention(LitAttention):
         q = q.view(B, T, cfg.n_head, cfg.head_size).transpose(1, 2)
         k = k.view(B, T, cfg.n_query_groups, cfg.head_size).transpose(1, 2)
         v = v.view(B, T, cfg.n_query_groups, cfg.head_size).transpose(1, 2)
-        if cfg.rope_n_elem:  # our models rotate all channels or none
+        if self.rotates:
             cos_q, sin_q = (cos, sin) if input_pos is None else (cos[0][input_pos], sin[0][input_pos])
             q, k = apply_rope(q, cos_q, sin_q), apply_rope(k, cos_q, sin_q)
         if input_pos is not None:
@@ -126,13 +151,17 @@ class Attention(LitAttention):
         """q (B, H, T, d), k, v (B, H, S, d) with k/v already repeated for GQA; returns (B, T, H, d).
 
         ``mask=None`` needs S == T (square causal attention). ``positions`` (B, T): the queries' absolute
-        positions (KV-cached decoding); None means 0..T-1 (a full forward, litgpt's call)."""
+        positions (KV-cached decoding); None means 0..T-1 (a full forward, litgpt's call). A windowed layer
+        adds its window to ``mask`` here (``sliding_window``)."""
         scale = 1.0 / math.sqrt(self.config.head_size)
         q = self.temperature(q, positions)
+        shared = mask
+        if self.window is not None:
+            mask = sliding_window(mask, positions, k.size(2), self.window, q)
         if self.probe is not None:
             self.probe(self.block_idx, q * scale, k, mask)
         if self.backend == "flash":
-            y = self._flash(q, k, v, mask, scale)
+            y = self._flash(q, k, v, shared, scale)
             if y is not None:
                 return y
         if mask is not None and mask.dtype == torch.float32 and (
@@ -146,7 +175,9 @@ class Attention(LitAttention):
         return y.transpose(1, 2)
 
     def _flash(self, q, k, v, mask, scale) -> torch.Tensor | None:
-        """flash-attn when it can run here (CUDA, fp16/bf16, no additive bias); else warn once, None."""
+        """flash-attn when it can run here (CUDA, fp16/bf16, no additive bias; ``mask``: the one shared by
+        every layer, before this layer's window); else warn once, None. A window becomes flash-attn's
+        ``window_size`` (keys i - (W - 1) .. i)."""
         fn = _flash_attn_func()
         reason = ("flash-attn is not installed (pip install '.[flash]')" if fn is None
                   else "it needs a CUDA device" if not q.is_cuda
@@ -156,17 +187,20 @@ class Attention(LitAttention):
         if reason:
             _warn_once(f"attention_backend=flash falls back to SDPA: {reason}")
             return None
-        # flash-attn wants (B, T, H, d) and returns the same layout.
-        return fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, causal=True)
+        # flash-attn wants (B, T, H, d) and returns the same layout. A global layer's call is today's (flash-attn
+        # before 2.3 has no window_size); a windowed one sees W - 1 keys to the left of each query.
+        window = {} if self.window is None else {"window_size": (self.window - 1, 0)}
+        return fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, causal=True,
+                  **window)
 
 
 class Block(LitBlock):
-    """litgpt's pre-norm block with our ``Attention`` in place of litgpt's."""
+    """litgpt's pre-norm block with our ``Attention`` in place of litgpt's (``nope``, ``window``: its layer's)."""
 
     def __init__(self, config: Config, block_idx: int, backend: str = "sdpa", train_len: int = 0,
-                 ssmax: bool = False) -> None:
+                 ssmax: bool = False, nope: bool = False, window: int | None = None) -> None:
         super().__init__(config, block_idx)
-        self.attn = Attention(config, block_idx, backend, train_len, ssmax)
+        self.attn = Attention(config, block_idx, backend, train_len, ssmax, nope, window)
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:

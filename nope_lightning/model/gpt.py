@@ -9,6 +9,12 @@ Position encodings (``ModelConfig.pos_encoding``), each touching the smallest pi
   as in T5.
 * ``learned`` / ``sinusoidal`` — absolute position embeddings added to the token embeddings.
 
+Hybrids (``ModelConfig.layer_encodings``): some layers of a RoPE model skip the rotation (iRoPE's one NoPE layer
+in four); any layer may attend within a sliding window (``ModelConfig.windows``; RNoPE-SWA windows the RoPE
+layers). Both are built into each layer (``attention.py``); a model without them is today's, operation for
+operation. A windowed layer's KV cache keeps every position, as a global layer's does (each row decodes at its
+own position, so a ring buffer would need one per row): its mask hides the keys outside the window.
+
 Attention temperatures (``temperature.py``): ``temperature`` (uniform lambda, per-head table, log-length
 slopes: evaluation-time settings, applied here) and SSMax (``ssmax``, learned in pre-training).
 
@@ -81,8 +87,9 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, config.padded_vocab_size, bias=False)
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.padded_vocab_size, cfg.n_embd),
-            h=nn.ModuleList(Block(config, i, cfg.attention_backend, train_len, cfg.ssmax)
-                            for i in range(cfg.n_layer)),
+            h=nn.ModuleList(Block(config, i, cfg.attention_backend, train_len, cfg.ssmax, encoding == "nope", window)
+                            for i, (encoding, window) in enumerate(zip(cfg.layer_encodings, cfg.windows,
+                                                                       strict=True))),
             ln_f=RMSNorm(cfg.n_embd, eps=cfg.norm_eps),
         ))
         if cfg.pos_encoding == "learned":

@@ -4,7 +4,8 @@
 duration of a ``with`` block. Each call sees one layer's scaled queries (B, H, T, d) — lambda, any per-query
 position temperature (log-length scaling, SSMax) and 1/sqrt(d) already applied, so ``q_scaled @ k^T + mask``
 are exactly the logits the kernel softmaxes — its keys
-(B, H, T, d) and the additive mask (1, H, T, T) or None (plain causal). The callback can reduce them
+(B, H, T, d) and the additive mask (1, H | 1, T, T) or None (plain causal); a windowed layer's mask holds its
+window. The callback can reduce them
 (e.g. to entropies, in query chunks) before the next layer runs, so no T x T matrix of all layers ever
 exists at once.
 """

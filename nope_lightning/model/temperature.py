@@ -18,6 +18,11 @@ in layer l, for a model trained at L tokens:
   at its training length exactly as the standard softmax does, and each head learns from there how much
   sharper (n > L) or flatter (n < L) to be; any other constant would start every head off the standard scale
   at L. Supported (and tested) with nope, alibi and rope (a per-row scale of q commutes with RoPE's rotation).
+* **iRoPE's temperature** (Llama 4) — ``tau(i) = 1 + beta ln(floor((i + 1) / F) + 1)`` for every head of the
+  **NoPE layers only** (``temperature.irope_beta`` beta, ``temperature.irope_floor`` F in units of L: F =
+  irope_floor x L tokens; ``AttentionTemperature``); exactly 1 for i + 1 < F. An evaluation-time setting:
+  plain attributes, never in an export. The per-head lambda and the log-length slopes act on every layer,
+  as on a model without a layer pattern (HeadScale's choice, ``stages/headscale.py``).
 
 Fast kernels take one scalar scale, so the multiplier is folded into q (``q * lambda_h tau_h(i)``) and the
 kernel keeps its scalar 1/sqrt(d): the result equals ``softmax(lambda_h tau_h(i) q_i.k_j / sqrt(d) + bias_ij)``
@@ -107,15 +112,17 @@ def ssmax_init(train_len: int) -> float:
 class Temperature(nn.Module):
     """One attention layer's temperatures: ``per_head`` (n_head,) lambda, a parameter (frozen unless HeadScale
     trains it); ``log_slope`` (n_head,) slopes a or None, a non-persistent buffer (HeadScale-log makes it a
-    parameter); ``ssmax`` (n_head,) SSMax's learned s or None, a parameter exported with the model.
-    ``train_len`` is L."""
+    parameter); ``ssmax`` (n_head,) SSMax's learned s or None, a parameter exported with the model;
+    ``irope`` (beta, F in tokens) of iRoPE's temperature or None, set on NoPE layers only (``nope``: the layer
+    has no position encoding). ``train_len`` is L."""
 
-    def __init__(self, n_head: int, train_len: int, ssmax: bool = False) -> None:
+    def __init__(self, n_head: int, train_len: int, ssmax: bool = False, nope: bool = False) -> None:
         super().__init__()
-        self.n_head, self.train_len = n_head, train_len
+        self.n_head, self.train_len, self.nope = n_head, train_len, nope
         self.per_head = nn.Parameter(torch.ones(n_head), requires_grad=False)
         self.register_buffer("log_slope", None, persistent=False)
         self.ssmax = nn.Parameter(torch.full((n_head,), ssmax_init(train_len))) if ssmax else None
+        self.irope: tuple[float, float] | None = None
 
     def reset_parameters(self) -> None:
         # Needed for meta-device (FSDP) init, where tensors are materialised only through this hook: lambda 1,
@@ -131,14 +138,15 @@ class Temperature(nn.Module):
         """q (B, H, T, d) -> q times each head's and query's multiplier, in q's dtype. ``positions`` (B | 1, T)
         int: the queries' absolute positions (KV-cached decoding); None means 0..T-1 (a full forward)."""
         factor = self.per_head.view(1, -1, 1, 1)
-        if self.log_slope is not None or self.ssmax is not None:
+        if self.log_slope is not None or self.ssmax is not None or self.irope is not None:
             if positions is None:
                 positions = torch.arange(q.size(2), device=q.device)[None]
             factor = factor * self.position_factor(positions)  # (1 | B, H, T, 1)
         return q * factor.to(q.dtype)
 
     def position_factor(self, positions: torch.Tensor) -> torch.Tensor:
-        """positions (B | 1, T) int -> tau (B | 1, n_head, T, 1) float32: log-length scaling times SSMax."""
+        """positions (B | 1, T) int -> tau (B | 1, n_head | 1, T, 1) float32: log-length scaling times SSMax times
+        iRoPE's temperature."""
         n = (positions + 1).float()[:, None, :, None]  # keys a causal query sees
         scale = torch.ones_like(n)
         if self.log_slope is not None:
@@ -147,6 +155,11 @@ class Temperature(nn.Module):
             scale = (1.0 + a * torch.log(n / self.train_len)).clamp(min=1.0)
         if self.ssmax is not None:
             scale = scale * self.ssmax.float().view(1, -1, 1, 1) * torch.log(n)
+        if self.irope is not None:
+            beta, floor_tokens = self.irope
+            # In float64, as Python evaluates the formula: float32 rounds (i + 1) / F and can move the floor.
+            steps = torch.floor((positions + 1).double()[:, None, :, None] / floor_tokens)
+            scale = scale * (1.0 + beta * torch.log(steps + 1.0)).float()
         return scale
 
 
@@ -156,7 +169,8 @@ def layers(model: nn.Module) -> list[Temperature]:
 
 
 def apply_settings(model: nn.Module, settings: AttentionTemperature) -> None:
-    """Write the lambda table and the log-length slopes that resolved ``settings`` ask for (files read here)."""
+    """Write the lambda table, the log-length slopes (files read here) and iRoPE's temperature (NoPE layers
+    only) that resolved ``settings`` ask for."""
     every = layers(model)
     n_layer, n_head = len(every), every[0].n_head
     table = torch.ones(n_layer, n_head)
@@ -169,6 +183,9 @@ def apply_settings(model: nn.Module, settings: AttentionTemperature) -> None:
     elif settings.log_slope > 0:
         slopes = torch.full((n_layer, n_head), settings.log_slope)
     set_log_slopes(model, slopes)
+    for layer in every:
+        irope = settings.irope_beta > 0 and layer.nope
+        layer.irope = (settings.irope_beta, settings.irope_floor * layer.train_len) if irope else None
 
 
 def set_temperatures(model: nn.Module, table: torch.Tensor) -> None:

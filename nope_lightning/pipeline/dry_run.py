@@ -14,6 +14,7 @@ problem raises one ``ValueError`` with one line per problem, each naming its ste
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -207,6 +208,19 @@ def plan_pretrain(cfg: PretrainConfig, model: Model, entry: dict) -> None:
     check_training_data(entry, cfg.data, entry["training_tokens"], cfg.train_len)
 
 
+def extension_problem(ext, model: Model, entry: dict) -> None:
+    """The model config ``evaluate`` will load, ``ext``'s settings on the trained model's (as ``load_model``
+    builds it), must be valid: e.g. iRoPE's temperature on a model with no NoPE layer is refused here, before the
+    pre-training the evaluation waits for, not after it."""
+    settings = {"temperature": ext.temperature, "attention_backend": ext.attention_backend}
+    if ext.rope_scaling.method != "none":
+        settings["rope_scaling"] = ext.rope_scaling
+    try:
+        dataclasses.replace(model.cfg.model, **settings)
+    except ValueError as err:
+        entry["problems"].append(f"{str(err).splitlines()[0]} (model of step {model.step!r})")
+
+
 def plan_evaluate(cfg, model: Model | None, entry: dict) -> None:
     """Lengths as ``evaluate`` picks them, each plus its generation budget against ``max_positions``."""
     if model is None and (cfg.eval_lengths is None or (cfg.passkey_keys and cfg.passkey_lengths is None)):
@@ -218,6 +232,7 @@ def plan_evaluate(cfg, model: Model | None, entry: dict) -> None:
     entry["lengths"] = {"eval": lengths, "passkey": passkey, "max_new_tokens": cfg.max_new_tokens,
                         "longctx_new_tokens": longctx}
     if model is not None:
+        extension_problem(cfg.extension, model, entry)
         limit = model.cfg.model.max_positions
         # evaluate refuses any length + max_new_tokens past the limit; long-context prompts add BOS + answer.
         needed = max([*lengths, *passkey], default=0) + cfg.max_new_tokens

@@ -1,6 +1,6 @@
 """An experiment file as runnable step instances, and what each instance's stage config is.
 
-The one home of step resolution: the pipeline runs the instances, its dry run (``plan.py``) checks them.
+The one home of step resolution: the pipeline runs the instances, its dry run (``dry_run.py``) checks them.
 An instance is one step of the file at one replicate seed and one matrix point: a file with ``seeds: [a, b]``
 and ``matrix: {n_layer: [2, 6]}`` runs every step four times, replicate by replicate, point by point, in file
 order. Inside an instance ``@{step.key}`` means that step's result *at the same seed and point*, ``@{seed}`` the
@@ -27,7 +27,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from nope_lightning.config.core import flatten, to_dict, to_yaml
+from nope_lightning.config.core import flatten, to_dict
 from nope_lightning.config.pipeline import PipelineConfig, PipelineStep
 from nope_lightning.pipeline.registry import get_stage, stage_config
 from nope_lightning.pipeline.runkey import RunKey
@@ -159,7 +159,7 @@ def config_path(path: str) -> str | None:
     """A step's YAML: as given if it exists, else relative to the repository (``conf/...`` from anywhere)."""
     if not path or Path(path).exists():
         return path or None
-    in_repo = Path(__file__).resolve().parents[1] / path
+    in_repo = Path(__file__).resolve().parents[2] / path
     return str(in_repo) if in_repo.exists() else path
 
 
@@ -168,31 +168,52 @@ def defaults(cls) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cls))
 
 
+#: Fields added to the schemas after step hashes were first recorded, with their defaults (by name, wherever they
+#: sit: the model's, an extension's or a stage's own): at its default such a field leaves a step's identity as it
+#: was, so the finished steps of a store survive the upgrade that added it. Add a new field here with its default.
+ADDED_FIELDS: dict[str, Any] = {
+    # per-layer position encodings and windows (hybrid NoPE/RoPE models), iRoPE's temperature and its search
+    "layer_pattern": [], "nope_every": 0, "layer_windows": [], "rope_window": None, "irope_beta": 0.0,
+    "irope_floor": 1.0, "parameter": "lambda",
+}
+
+
+def identity(cfg: Any, drop: tuple[str, ...] = ()) -> dict:
+    """``to_dict(cfg)`` less the ``ADDED_FIELDS`` that hold their defaults and less every key in ``drop``, at
+    any depth."""
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items()
+                    if k not in drop and not (k in ADDED_FIELDS and v == ADDED_FIELDS[k])}
+        return [strip(v) for v in value] if isinstance(value, list) else value
+
+    return strip(to_dict(cfg))
+
+
 def step_hash(stage_cfg: Any) -> str:
     """The identity of a step's work: its resolved stage config less every ``tracking.parent_run_id``, so the
     same step under another pipeline run (a rerun with more seeds, another file) has the same hash; 16 hex."""
-    def strip(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if k != "parent_run_id"}
-        return [strip(v) for v in value] if isinstance(value, list) else value
-
-    return hashlib.sha256(json.dumps(strip(to_dict(stage_cfg)), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    text = json.dumps(identity(stage_cfg, drop=("parent_run_id",)), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def recorded_hash(stage_cfg: Any) -> str:
     """The hash step records held before ``step_hash`` (of the whole config, parent run included), so a pipeline
     run started then still skips the steps it finished; 16 hex."""
-    return hashlib.sha256(to_yaml(stage_cfg).encode()).hexdigest()[:16]
+    return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(identity(stage_cfg))).encode()).hexdigest()[:16]
 
 
 #: Pipeline fields that change no step: a rerun with other claims or another bootstrap size resumes the same
 #: parent run (and only redoes the report).
-REPORT_ONLY = ("dry_run", "report", "claims", "bootstrap", "sweep")
+REPORT_ONLY = ("dry_run", "report", "claims", "bootstrap", "sweep", "reference")
+#: A step's fields that only place its method in the report (the paper row beside it, its family).
+STEP_REPORT_ONLY = ("paper", "family")
 
 
 def pipeline_hash(cfg: PipelineConfig) -> str:
-    """The identity of the steps a pipeline runs: its config less ``REPORT_ONLY`` fields, and less ``seeds``
-    and ``matrix`` when empty, so a pipeline started before those fields existed still finds its parent run."""
-    fields = {k: v for k, v in to_dict(cfg).items()
+    """The identity of the steps a pipeline runs: its config less ``REPORT_ONLY`` fields, its steps'
+    ``STEP_REPORT_ONLY`` ones and the ``ADDED_FIELDS`` at their defaults, and less ``seeds`` and ``matrix`` when
+    empty, so a pipeline started before those fields existed still finds its parent run."""
+    fields = {k: v for k, v in identity(cfg, drop=STEP_REPORT_ONLY).items()
               if k not in REPORT_ONLY and not (k in ("seeds", "matrix") and not v)}
     return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(fields)).encode()).hexdigest()[:16]

@@ -4,6 +4,11 @@
 ``log`` (HeadScale-log) trains the slopes a_h of the per-query temperature ``max(1, 1 + a_h ln((i+1)/L))``
 (``model/temperature.py``), which leaves every query inside L untouched.
 
+Hybrids (``model.layer_pattern`` / ``nope_every``): HeadScale trains every layer's scalars, RoPE layers'
+included. A head that needs no rescaling learns to keep lambda near its start, so restricting HeadScale to
+the NoPE layers would impose a prior the data can decide. Past L a RoPE layer sees unseen rotations too, and
+the table keeps the (n_layer, n_head) shape every reader of a table expects.
+
 Every weight of the exported model is frozen (``requires_grad=False``, so autograd computes no weight
 gradient at all: the backward pass only propagates activation gradients down to the lowest trained scalar).
 The scalars start from the scale-search's answer (``init=search``: the best uniform lambda at ``target_len``,

@@ -33,6 +33,7 @@ from nope_lightning.config.core import load_config
 from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
 from nope_lightning.pipeline.runkey import RunKey
 from nope_lightning.results.evaluation import Curve, EvaluationResult
+from nope_lightning.results.headscale import HeadScaleResult
 from nope_lightning.results.search import ScaleSearchResult
 
 
@@ -59,10 +60,12 @@ def pipeline_runs(cfg: ReportConfig) -> list[tuple[Any, RunKey]]:
 
 
 #: The result file each gathered stage logs, read through its type.
-RESULTS = {"results.json": EvaluationResult, "scale_search.json": ScaleSearchResult}
+RESULTS = {"results.json": EvaluationResult, "scale_search.json": ScaleSearchResult,
+           "headscale.json": HeadScaleResult}
 
 
-def _artifact_json(cfg: ReportConfig, run_id: str, path: str) -> EvaluationResult | ScaleSearchResult | None:
+def _artifact_json(cfg: ReportConfig, run_id: str,
+                   path: str) -> EvaluationResult | ScaleSearchResult | HeadScaleResult | None:
     """The run's result file ``path`` (a ``RESULTS`` name), None when the run has none."""
     names = {a.path for a in tracking.client(cfg.tracking).list_artifacts(run_id, str(Path(path).parent)
                                                                          if "/" in path else None)}
@@ -83,11 +86,12 @@ def pipeline_settings(cfg: ReportConfig) -> tuple[list[str], dict[str, str], int
     return claim_ids, axes, resamples, list(logged.matrix) if logged else [], tables.Methods.of(logged)
 
 
-def gather(cfg: ReportConfig, out: Path, matrix_keys: list[str]) -> tuple[dict, dict, list]:
-    """``(evaluations, searches, pretrain runs)``; the first two are ``point -> method -> seed -> results``,
-    a point being the run's matrix values ``((key, value), ...)``, ``()`` without a matrix."""
+def gather(cfg: ReportConfig, out: Path, matrix_keys: list[str]) -> tuple[dict, dict, dict, list]:
+    """``(evaluations, searches, HeadScale runs, pretrain runs)``; the first three are ``point -> method -> seed
+    -> results``, a point being the run's matrix values ``((key, value), ...)``, ``()`` without a matrix."""
     evals: dict = defaultdict(lambda: defaultdict(dict))
     searches: dict = defaultdict(lambda: defaultdict(dict))
+    tuned: dict = defaultdict(lambda: defaultdict(dict))
     pretrains, first_seed = [], None
     for run, key in pipeline_runs(cfg):
         first_seed = key.seed if first_seed is None else first_seed
@@ -97,11 +101,13 @@ def gather(cfg: ReportConfig, out: Path, matrix_keys: list[str]) -> tuple[dict, 
             evals[point][key.method][key.seed] = results
         elif key.stage == "scale-search" and (summary := _artifact_json(cfg, run.info.run_id, "scale_search.json")):
             searches[point][key.method][key.seed] = summary
+        elif key.stage == "headscale" and (table := _artifact_json(cfg, run.info.run_id, "headscale.json")):
+            tuned[point][key.method][key.seed] = table  # read by the claims only (Fig 5)
         elif key.stage == "pretrain" and run.info.run_id not in {r.info.run_id for r in pretrains}:
             pretrains.append(run)  # once, though steps at several points may share one model
         if key.seed == first_seed:  # their own figures (Fig 5, synthetic accuracy) from the first replicate
             _copy_pngs(cfg, run, out, key.method)
-    return evals, searches, pretrains
+    return evals, searches, tuned, pretrains
 
 
 def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int,
@@ -132,9 +138,9 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     claim_ids, axes, resamples, matrix_keys, methods = pipeline_settings(cfg)
     pipeline = tracking.client(cfg.tracking).get_run(cfg.run)
-    evals, searches, pretrains = gather(cfg, out, matrix_keys)
+    evals, searches, tuned, pretrains = gather(cfg, out, matrix_keys)
     points = sorted(set(evals) | set(searches))
-    runs_by_point = {p: {**searches.get(p, {}), **evals.get(p, {})} for p in points}
+    runs_by_point = {p: {**tuned.get(p, {}), **searches.get(p, {}), **evals.get(p, {})} for p in points}
     sections, figures = [], {}
     if axes:
         text, figures["sweep.png"] = sweep.sweep_section(runs_by_point, axes, resamples)

@@ -277,7 +277,8 @@ def run(cfg: SyntheticConfig) -> dict[str, Any]:
 
 
 def result_keys(cfg: SyntheticConfig, train_len: int | None = None) -> dict[str, type]:
-    """The scalars of ``results.json`` that ``run`` returns (its per-bucket accuracies and errors are lists)."""
-    return {"run_id": str, "task": str, "pos_encoding": str, "seed": int, "scratchpad": str, "train_max_len": int,
+    """The scalars of ``results.json`` that ``run`` returns, its format version included (its per-bucket
+    accuracies and errors are lists)."""
+    return {"version": int, "run_id": str, "task": str, "pos_encoding": str, "seed": int, "scratchpad": str, "train_max_len": int,
             "test_max_len": int, "id_acc": float, "ood_acc": float, "best_val_acc": float, "best_step": int,
             "steps": int, "train_seconds": float, "eval_seconds": float, "parameters": int}

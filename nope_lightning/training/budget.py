@@ -6,9 +6,11 @@ here builds a model (the parameter count is taken on the meta device) or touches
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from pathlib import Path
 
-from nope_lightning.config.parts import TrainerConfig
+from nope_lightning.config.parts import ModelConfig, TrainerConfig
 from nope_lightning.config.stages import PretrainConfig
 from nope_lightning.data.corpus import corpus_label
 from nope_lightning.model.gpt import non_embedding_parameters
@@ -20,11 +22,24 @@ def training_tokens(trainer: TrainerConfig, steps: int, batch_size: int, length:
 
 
 def default_name(cfg: PretrainConfig) -> str:
-    """``pretrain-<pe>[-ssmax]-<corpus>-L<train_len>-s<seed>``: replicates of one recipe (seeds) never share
-    an out_dir; other differences need their own ``name=`` (a resumed out_dir refuses another config)."""
+    """``pretrain-<pe>[-ssmax][-<layout>]-<corpus>-L<train_len>-s<seed>``: replicates of one recipe (seeds) never
+    share an out_dir, nor does a hybrid share its RoPE base's (``layout_label``); other differences need their own
+    ``name=`` (a resumed out_dir refuses another config)."""
     corpus = corpus_label(cfg.data.corpus)
     ssmax = "-ssmax" if cfg.model.ssmax else ""
-    return f"pretrain-{cfg.model.pos_encoding}{ssmax}-{corpus}-L{cfg.train_len}-s{cfg.seed}"
+    layout = f"-{layout_label(cfg.model)}" if layout_label(cfg.model) else ""
+    return f"pretrain-{cfg.model.pos_encoding}{ssmax}{layout}-{corpus}-L{cfg.train_len}-s{cfg.seed}"
+
+
+def layout_label(model: ModelConfig) -> str:
+    """A hybrid's per-layer layout in a name: ``nope4`` (one NoPE layer in 4), ``swa64`` (64-token windows on the
+    RoPE layers), ``layers-<hash>`` for an explicit per-layer list; '' for a model with one encoding everywhere."""
+    parts = [f"nope{model.nope_every}" if model.nope_every else "",
+             f"swa{model.rope_window}" if model.rope_window else ""]
+    if model.layer_pattern or model.layer_windows:
+        listed = json.dumps([model.layer_pattern, model.layer_windows])
+        parts.append(f"layers-{hashlib.sha256(listed.encode()).hexdigest()[:8]}")
+    return "-".join(part for part in parts if part)
 
 
 def with_budget(cfg: PretrainConfig) -> PretrainConfig:
