@@ -212,7 +212,9 @@ def extension_problem(ext, model: Model, entry: dict) -> None:
     """The model config ``evaluate`` will load, ``ext``'s settings on the trained model's (as ``load_model``
     builds it), must be valid: e.g. iRoPE's temperature on a model with no NoPE layer is refused here, before the
     pre-training the evaluation waits for, not after it."""
-    settings = {"temperature": ext.temperature, "attention_backend": ext.attention_backend}
+    # Its tables and fit are artifacts of earlier steps, downloaded only when the step runs: they stand as unset.
+    temperature = dataclasses.replace(ext.temperature, table="", log_slope_table="", log_slope_fit="")
+    settings = {"temperature": temperature, "attention_backend": ext.attention_backend}
     if ext.rope_scaling.method != "none":
         settings["rope_scaling"] = ext.rope_scaling
     try:
