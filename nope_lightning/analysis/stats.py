@@ -89,14 +89,7 @@ def t_interval(values: Sequence[float], level: float = LEVEL,
     quantity can take: ``UNIT`` for accuracies, whose t interval over 3 seeds otherwise runs below 0 or past
     1); a single value has no interval (NaN bounds): the spread between seeds cannot be estimated from one
     seed."""
-    x = np.asarray(values, dtype=np.float64)
-    if x.size == 0:
-        raise ValueError("t_interval needs at least one value")
-    mean = float(x.mean())
-    if x.size == 1:
-        return Interval(mean, math.nan, math.nan, level, (mean,))
-    half = scipy_stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
-    return Interval(mean, max(bounds[0], mean - half), min(bounds[1], mean + half), level, tuple(x.tolist()))
+    return _student(values, level, bounds, new_seed=False)
 
 
 def prediction_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
@@ -104,14 +97,23 @@ def prediction_interval(values: Sequence[float], level: float = LEVEL) -> Interv
     per-seed ``values`` (normal seeds, unknown variance; Student t with df = n - 1). Wider than the t interval
     of the mean by ``sqrt(n + 1)``: it carries the new seed's own spread as well as the mean's uncertainty. One
     value has no interval (NaN bounds). NaN values make NaN bounds: an undefined seed is not dropped."""
+    return _student(values, level, (-math.inf, math.inf), new_seed=True)
+
+
+def _student(values: Sequence[float], level: float, bounds: tuple[float, float], new_seed: bool) -> Interval:
+    """The mean of ``values`` with Student's t half-width ``t(level, n - 1) * s`` times ``1 / sqrt(n)`` (the
+    mean) or ``sqrt(1 + 1/n)`` (one new value), clipped to ``bounds``."""
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
-        raise ValueError("prediction_interval needs at least one value")
+        raise ValueError("an interval across seeds needs at least one value")
     mean = float(x.mean())
     if x.size == 1:
         return Interval(mean, math.nan, math.nan, level, (mean,))
-    half = scipy_stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) * math.sqrt(1 + 1 / x.size)
-    return Interval(mean, mean - half, mean + half, level, tuple(x.tolist()))
+    scale = math.sqrt(1 + 1 / x.size) if new_seed else 1 / math.sqrt(x.size)
+    half = scipy_stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) * scale
+    # np.clip keeps a NaN bound NaN (an undefined seed stays visible); max/min would turn it into the clip value
+    low, high = (float(np.clip(v, *bounds)) for v in (mean - half, mean + half))
+    return Interval(mean, low, high, level, tuple(x.tolist()))
 
 
 Statistic = Callable[[np.ndarray], np.ndarray]

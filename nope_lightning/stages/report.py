@@ -1,9 +1,9 @@
 """``report``: markdown tables and PNG plots from the runs of a pipeline, with the papers' numbers beside ours.
 
-Reads the pipeline's child runs from MLflow (evaluate ``results.json``, scale-search ``scale_search.json``,
-HeadScale and synthetic artifacts) and groups them by matrix point, method (tag ``method``: the step's label)
-and seed (tag ``seed``). It tests the pipeline's claims (``claims.py``), writes the tables (``tables.py``) or,
-for a sweep, the sweep section (``sweep.py``), the figures with their bands, ``report.md`` and a self-contained
+Reads the pipeline's runs from MLflow (evaluate ``results.json``, scale-search ``scale_search.json``, HeadScale
+and synthetic artifacts, each through its ``nope_lightning.results`` type) and groups them by matrix point,
+method and seed (each run's ``RunKey``). It tests the pipeline's claims (``analysis/claims.py``), writes the
+tables (``analysis/tables.py``) or, for a sweep, the sweep section (``analysis/sweep.py``), the figures with their bands, ``report.md`` and a self-contained
 ``report.html`` under ``out_dir``, and logs them, with per-method headline metrics, to the pipeline run itself
 (artifact folder ``report/``; a rerun overwrites them, so there is one report per pipeline run). What it
 knows of each method (the paper row it sits beside, its family, the paired table's reference) is the
