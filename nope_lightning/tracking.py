@@ -266,6 +266,17 @@ def log_json(cfg: TrackingConfig, run_id: str, obj: Any, artifact_file: str) -> 
     log_text(cfg, run_id, json.dumps(obj, indent=1, default=str), artifact_file)
 
 
+def log_step_record(cfg: TrackingConfig, pipeline_run: str, record: dict[str, Any]) -> None:
+    """Log a pipeline step's record (``id``, ``tags``, ``hash``, ``result``[, ``reused_from``]) on its pipeline
+    run, as ``steps/<id>.json``."""
+    log_json(cfg, pipeline_run, record, f"steps/{record['id']}.json")
+
+
+def step_record(cfg: TrackingConfig, pipeline_run: str, instance_id: str) -> dict:
+    """The record of step instance ``instance_id`` of a pipeline run (``log_step_record``)."""
+    return json.loads(download(cfg, pipeline_run, f"steps/{instance_id}.json").read_text())
+
+
 def step_records(cfg: TrackingConfig, pipeline_run: str) -> dict[str, dict]:
     """``instance id -> record`` of the steps a pipeline run finished or reused (its ``steps/<id>.json``
     artifacts: id, ``tags`` (its ``RunKey``), step hash, the step's result, whose ``run_id`` names the run the

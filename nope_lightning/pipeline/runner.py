@@ -69,7 +69,7 @@ def finished_step(cfg: PipelineConfig, digest: str) -> dict[str, Any] | None:
         return None
     tags = runs[0].data.tags
     owner = tags[tracking.PARENT_TAG]
-    record = json.loads(tracking.download(cfg.tracking, owner, f"steps/{tags['pipeline_step']}.json").read_text())
+    record = tracking.step_record(cfg.tracking, owner, tags["pipeline_step"])
     # The pipeline run may have rerun that instance since with another config: its record says so.
     return {"result": record["result"], "parent": owner} if record["hash"] == digest else None
 
@@ -101,8 +101,8 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
             continue
         if (found := finished_step(cfg, digest)) is not None:
             results[instance.id] = found["result"]
-            tracking.log_json(cfg.tracking, parent, {**record, "result": found["result"], "reused_from": found["parent"]},
-                              f"steps/{instance.id}.json")
+            tracking.log_step_record(cfg.tracking, parent,
+                                     {**record, "result": found["result"], "reused_from": found["parent"]})
             pipeline_line(f"{prefix}: finished under pipeline run {found['parent']}, reused")
             continue
         pipeline_line(f"{prefix}: running ({time.perf_counter() - start:.0f}s elapsed)")
@@ -110,7 +110,7 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
         raw = run_subprocess(step.stage, stage_cfg) if step.subprocess else run_stage(step.stage, stage_cfg)
         result = {k: v for k, v in raw.items() if _jsonable(v)}
         results[instance.id] = result
-        tracking.log_json(cfg.tracking, parent, {**record, "result": result}, f"steps/{instance.id}.json")
+        tracking.log_step_record(cfg.tracking, parent, {**record, "result": result})
         client = tracking.client(cfg.tracking)
         # Only a run this step started is tagged: a run it continued (a finished model found by name) keeps the
         # place and hash its own pipeline gave it, which that pipeline's report and reuse rely on.
