@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from nope_lightning.analysis.paper import CLAIMS_BY_ID, Claim, Precondition
 from nope_lightning.analysis.stats import Interval, t_interval
 from nope_lightning.analysis.tables import BIASED, BIASED_NOTE, claims_table, paired_table
 from nope_lightning.config import pipeline as pipeline_config
+from nope_lightning.config.core import load_config
 from nope_lightning.config.pipeline import PipelineConfig, PipelineStep
 from nope_lightning.results import EvaluationResult, HeadScaleResult, ScaleSearchResult
 
@@ -502,3 +504,54 @@ def test_the_paired_table_compares_every_method_with_nope_on_the_same_windows_an
     assert 0.1 < low < 0.5 < high < 0.9
     assert cells["two seeds only"][:2] == ["+0.050 [+0.050, +0.050] (0/2)", "+0.000 [+0.000, +0.000] (0/2)"]
     assert cells["two seeds only"][2:] == ["—", "—"]  # it ran no passkey
+
+
+# --- the hybrids' claims -----------------------------------------------------------------------------------------
+
+
+def test_a_hybrid_within_two_percent_of_rope_in_distribution_keeps_rope_s_perplexity():
+    claim = CLAIMS_BY_ID["irope_keeps_rope_in_distribution"]
+    runs: dict = {"irope": {}, "rope": {}}
+    for s in (1, 2, 3):
+        runs["rope"][s] = evaluation({1: base_nll(s)})
+        runs["irope"][s] = evaluation({1: base_nll(s) + 0.004 + noise(s, 0.002)})
+    kept = evaluate_claim(claim, runs, RESAMPLES)
+    assert kept.verdict == "reproduced" and kept.claim.rule == "|effect| <= 0.0198 nats"
+    assert kept.interval.per_seed == pytest.approx([0.004 + noise(s, 0.002).mean() for s in (1, 2, 3)], abs=1e-9)
+    runs["irope"] = {s: evaluation({1: base_nll(s) + 0.05 + noise(s, 0.002)}) for s in (1, 2, 3)}
+    assert evaluate_claim(claim, runs, RESAMPLES).verdict == "not reproduced"  # 5 % worse than RoPE
+
+
+def test_rnope_swa_flat_past_L_compares_its_own_8x_with_its_own_1x():
+    claim = CLAIMS_BY_ID["rnope_swa_flat_past_L"]
+    flat = {"rnope-swa": {s: evaluation({1: base_nll(s), 8: base_nll(s) + 0.03 + noise(s, 0.01)}) for s in (1, 2, 3)}}
+    outcome = evaluate_claim(claim, flat, RESAMPLES)
+    assert outcome.verdict == "reproduced"
+    assert outcome.interval.per_seed == pytest.approx([0.03 + noise(s, 0.01).mean() for s in (1, 2, 3)], abs=1e-9)
+    broken = {"rnope-swa": {s: evaluation({1: base_nll(s), 8: base_nll(s) + 0.4}) for s in (1, 2, 3)}}
+    assert evaluate_claim(claim, broken, RESAMPLES).verdict == "not reproduced"  # PPL x1.5 at 8x
+
+
+def test_a_hybrid_keeps_nope_s_retrieval_only_where_both_retrieve_in_distribution():
+    claim = CLAIMS_BY_ID["irope_keeps_nope_retrieval"]
+    assert claim.rule == "effect > -0.1 (accuracy)"
+    inside = [True] * 90 + [False] * 10
+    runs: dict = {"irope": {}, "nope": {}}
+    for s, (hybrid, nope) in zip((1, 2, 3), ((60, 62), (55, 60), (58, 57)), strict=True):
+        runs["irope"][s] = evaluation({1: base_nll(s)}, {1: inside, 2: [True] * hybrid + [False] * (100 - hybrid)})
+        runs["nope"][s] = evaluation({1: base_nll(s)}, {1: inside, 2: [True] * nope + [False] * (100 - nope)})
+    kept = evaluate_claim(claim, runs, RESAMPLES)
+    assert kept.verdict == "reproduced" and kept.interval.per_seed == pytest.approx((-0.02, -0.05, 0.01))
+    runs["irope"] = {s: evaluation({1: base_nll(s)}, {1: [True] * 40 + [False] * 60, 2: [False] * 100})
+                     for s in (1, 2, 3)}
+    lost = evaluate_claim(claim, runs, RESAMPLES)
+    assert lost.verdict == "untestable" and "irope retrieves 0.40 < 0.5" in lost.reason
+
+
+def test_the_hybrids_study_names_every_method_its_claims_compare():
+    cfg = load_config(PipelineConfig, Path(__file__).parents[1] / "experiments/hybrids.yaml")
+    labels = {step.label or step.id for step in cfg.steps}
+    assert {m for c in cfg.claims for m in CLAIMS_BY_ID[c].methods} <= labels
+    assert cfg.reference == "nope" and cfg.more_references == ["rope"]
+    with pytest.raises(ValueError, match="more_references: 'yarn' is no step's label"):
+        load_config(PipelineConfig, Path(__file__).parents[1] / "experiments/hybrids.yaml", ["more_references=[yarn]"])

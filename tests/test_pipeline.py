@@ -3,6 +3,7 @@ and resumes to the same results; a stopped pipeline takes its step's process gro
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -220,7 +221,7 @@ def test_two_seeds_give_per_seed_runs_and_a_report_pooled_with_intervals(two_see
     report = Path(result["report"]).read_text()
     assert "2 seeds: mean over seeds, [95 % t interval across seeds]" in report
     assert re.search(r"\| nope \| \d+\.\d \[\d+\.\d, \d+\.\d\] \|", report)  # PPL with its interval
-    claims = report.split("### Paper 001's claims, tested")[1].split("###")[0]
+    claims = report.split("### The claims, tested")[1].split("###")[0]
     assert claims.count(" of 2 |") == 4  # every claim says on how many of the 2 seeds it holds
     assert "(per seed: " in claims
 
@@ -276,7 +277,7 @@ def test_declared_results_are_what_the_stages_return(full_run):
 def test_the_other_stages_return_what_they_declare(full_run, data_cache, tmp_path):
     """The stages the tiny pipeline does not run, on its models (found finished by their hash: nothing is
     retrained), the pipeline and the report: each returns exactly what it declares. Prepare and headscale-search
-    run on their own: a pipeline step always gets ``tracking.*``, which their configs do not have at the top."""
+    run on their own here (as a command line runs them)."""
     import yaml
     from mlflow.tracking import MlflowClient
 
@@ -356,3 +357,52 @@ def test_fields_added_later_leave_a_store_s_finished_steps_finished(tmp_path):
                                                   "steps=[{id: a, stage: evaluate, label: nope, family: nope, "
                                                   "paper: {table2: nope}}]"])
     assert pipeline_hash(plain) == pipeline_hash(labelled)
+
+
+def test_a_report_over_pipeline_runs_in_two_stores_pools_their_seeds(two_seeds, data_cache, tmp_path):
+    """A study split into pipeline runs (here seed 7 in a store of its own, as a second machine would hold it)
+    is reported together: ``also`` brings the other store's runs in beside the first's, placed by their own tags,
+    and a seed that two sources both hold is an error, not a silent choice."""
+    import yaml
+
+    root, first = two_seeds
+    tiny = yaml.safe_load(Path(PIPELINE).read_text())
+    path = tmp_path / "seed7.yaml"
+    path.write_text(yaml.safe_dump({"name": "seed7", "report": False,
+                                    "steps": [s for s in tiny["steps"] if s["id"] in ("pretrain_nope", "eval_nope")]}))
+    other = tmp_path / "other"
+    other.mkdir()
+    os.chdir(other)
+    try:
+        second = run_stage("pipeline", stage_config("pipeline", str(path), [*store(other, data_cache), "seeds=[7]"]))
+    finally:
+        os.chdir(REPO)
+    uri = f"sqlite:///{other}/mlflow.db"
+    both = stage_config("report", None, [f"run={first['run_id']}", f"tracking.uri=sqlite:///{root}/mlflow.db",
+                                         f"tracking.artifact_root={root}/artifacts", f"out_dir={tmp_path / 'both'}",
+                                         f"also=[{{run: {second['run_id']}, uri: '{uri}'}}]"])
+    assert both.sources[1] == (dataclasses.replace(both.tracking, uri=uri), second["run_id"])
+    text = Path(run_stage("report", both)["markdown"]).read_text()
+    assert text.startswith(f"# Report: pipeline `tiny` (run {first['run_id']}), with pipeline `seed7` "
+                           f"(run {second['run_id']})")
+    assert "3 seeds: mean over seeds" in text  # nope: seeds 5 and 6 here, 7 there
+    assert "| nope-tiny[seed=7] | nope |" in text.split("### Pre-training recipe of the models above")[1]
+    twice = dataclasses.replace(both, also=[*both.also, *both.also])
+    with pytest.raises(ValueError, match=f"pipeline runs {second['run_id']} and {second['run_id']} both hold "
+                                         "evaluate 'nope' seed 7"):
+        run_stage("report", twice)
+
+
+def test_a_rerun_logs_what_the_file_now_says_to_the_report(full_run, data_cache):
+    """Report-only fields (claims, references) leave the pipeline run the same, and the rerun's report reads the
+    file as it is now: a paired table against the newly named reference appears."""
+    root, first = full_run
+    os.chdir(root)
+    try:
+        again = run_stage("pipeline", stage_config("pipeline", PIPELINE, [*store(root, data_cache),
+                                                                          "more_references=[rope]"]))
+    finally:
+        os.chdir(REPO)
+    assert again["run_id"] == first["run_id"]
+    text = Path(again["report"]).read_text()
+    assert "### Paired against `nope`" in text and "### Paired against `rope`" in text

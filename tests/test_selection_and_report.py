@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from nope_lightning.analysis.claims import Outcome, evaluate_claim
+from nope_lightning.analysis.markdown import html_page
 from nope_lightning.analysis.paper import CLAIMS_BY_ID, TABLE4
 from nope_lightning.analysis.stats import Interval, prediction_interval, t_interval, wilson
 from nope_lightning.analysis.tables import (
@@ -27,7 +28,6 @@ from nope_lightning.analysis.tables import (
 from nope_lightning.config import PipelineConfig, PipelineStep, ScaleSearchConfig, load_config
 from nope_lightning.eval.summary import octaves
 from nope_lightning.results import EvaluationResult, ScaleSearchResult
-from nope_lightning.stages.report import report_html
 from nope_lightning.stages.scale_search import trial_config
 from tests.conftest import REPO
 
@@ -120,12 +120,10 @@ def test_the_html_report_embeds_its_images_and_renders_tables(tmp_path):
 
     import matplotlib.pyplot as plt
 
-    from nope_lightning.stages.report import report_html
-
     fig, ax = plt.subplots()
     ax.plot([1, 2], [3, 4])
     fig.savefig(tmp_path / "curve.png")
-    page = report_html("# R\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n![curve.png](curve.png)\n", tmp_path, "R")
+    page = html_page("# R\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n![curve.png](curve.png)\n", tmp_path, "R")
     assert "<table>" in page and "<td>2</td>" in page
     encoded = re.search(r'src="data:image/png;base64,([^"]+)"', page).group(1)
     assert base64.b64decode(encoded) == (tmp_path / "curve.png").read_bytes()  # embedded, not linked
@@ -169,7 +167,7 @@ def test_an_unknown_paper_row_or_family_fails_at_load_with_one_line(change, mess
     with pytest.raises(ValueError, match=re.escape(message)) as err:
         PipelineConfig(name="p", steps=[PipelineStep(id="eval_nope", stage="evaluate", label="nope", **change)])
     assert "\n" not in str(err.value)
-    with pytest.raises(ValueError, match="reference='rope' is no step's label"):
+    with pytest.raises(ValueError, match="reference: 'rope' is no step's label"):
         PipelineConfig(name="p", reference="rope", steps=[PipelineStep(id="eval_nope", stage="evaluate", label="nope")])
 
 
@@ -196,7 +194,7 @@ def test_a_cell_holding_a_pipe_renders_in_its_own_column_of_the_html_report(tmp_
     outcomes = [Outcome(within, "not reproduced", Interval(0.2, 0.19, 0.21, per_seed=per_seed), (1, 2),
                         across=t_interval(per_seed), prediction=prediction_interval(per_seed)),
                 Outcome(CLAIMS_BY_ID["nope_degrades_later"], "not measured", reason="no run of 'rope'")]
-    page = report_html("# R\n\n" + claims_table(outcomes), tmp_path, "R")
+    page = html_page("# R\n\n" + claims_table(outcomes), tmp_path, "R")
     parser = _Cells()
     parser.feed(page)
     (rows,) = parser.tables

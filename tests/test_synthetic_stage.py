@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from mlflow.tracking import MlflowClient
 
 from nope_lightning.config import load_config
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
+from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.results import BucketAccuracy
 from nope_lightning.stages import synthetic as stage
 from nope_lightning.stages import synthetic_grid
@@ -195,7 +199,7 @@ def test_tiny_run_logs_metrics_and_artifacts(tracking_overrides, tmp_path):
     assert json.loads(logged.read_text())["ood_acc"] == result["ood_acc"]
 
 
-def test_tiny_grid_nests_children_and_logs_the_aggregate(tracking_overrides):
+def test_tiny_grid_nests_children_and_logs_the_aggregate(tracking_overrides, tmp_path):
     base = load_config(SyntheticConfig, TINY, [*tracking_overrides, "log_model=false"])
     cfg = SyntheticGridConfig(base=base, tasks=["copy_repeat"], pos_encodings=["nope", "alibi"], seeds=[0],
                               attention_examples_per_length=1, distance_bins=5)
@@ -221,6 +225,12 @@ def test_tiny_grid_nests_children_and_logs_the_aggregate(tracking_overrides):
     hist = summary["attention"]["copy_repeat"]["hist"]
     assert set(hist) == {"NoPE", "ALiBi"} and sum(hist["NoPE"]) > 0
     assert "| copy_repeat |" in summary["tables"]["ood"] and "**MRR**" in summary["tables"]["ood"]
+    assert list((tmp_path / "checkpoints/synthetic-grid").iterdir()) == []  # kept weights gone once analysed
+    # The same config again continues the finished grid: nothing trains, and the aggregate (the attention
+    # analysis read back from the parent) is the same, number for number.
+    assert synthetic_grid.run(cfg) == summary
+    assert len(client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")) == 2
+    assert client.get_run(parent.info.run_id).info.status == "FINISHED"
 
 
 # --- bad input -----------------------------------------------------------------------------------------
@@ -234,6 +244,8 @@ def test_tiny_grid_nests_children_and_logs_the_aggregate(tracking_overrides):
     (["task=sort", "scratchpad=full_minus_intermediate_variables"], "is not supported by task 'sort'"),
     (["task=addition", "eval.bucket_width=3"], "eval.bucket_width=3 must divide the training maximum 8"),
     (["n_train=0"], "n_train=0 is out of range"),
+    (["task=lego", "train_max_len=3"], "train_max_len=3 is below lego's shortest training length 4; set train_max_len >= 4"),
+    (["task=pcfg", "test_max_len=101"], "test_max_len=101 exceeds pcfg's maximum length 100; set test_max_len <= 100"),
 ])
 def test_bad_config_is_a_clear_error(overrides, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -245,16 +257,78 @@ def test_bad_config_is_a_clear_error(overrides, message):
     (["pos_encodings=[alibi,rope]"], "compares every PE with NoPE"),
     (["seeds=[0,0]"], "seeds=\\[0, 0\\] has duplicates"),
     (["pos_encodings=[]"], "pos_encodings is empty"),
+    # every cell is checked, not only base: a bad PE, a format one task lacks, a length one task cannot make
+    (["pos_encodings=[nope,xpos]"], "pos_encoding='xpos' is not a valid choice; pick one of"),
+    (["tasks=[parity,copy]", "base.task=parity", "base.scratchpad=full"],
+     "scratchpad='full' is not supported by task 'copy'; supported: none$"),
+    (["tasks=[copy_repeat,lego]", "base.test_max_len=40"],
+     "test_max_len=40 exceeds lego's maximum length 26; set test_max_len <= 26$"),
 ])
 def test_bad_grid_is_a_clear_error(overrides, message):
     with pytest.raises(ValueError, match=message):
         load_config(SyntheticGridConfig, None, overrides)
 
 
-def test_model_too_short_for_the_test_lengths_fails_before_training(tracking_overrides):
-    cfg = load_config(SyntheticConfig, TINY, [*tracking_overrides, "model.max_positions=16"])
+def parity_positions(length: int) -> int:
+    """Positions of a parity example with the full scratchpad, by hand: ``parity :`` and the bits (2 + L); per bit
+    a step ``<in> b <comp> p xor b <out> p <vars> parity = p <rem>`` (13 tokens) and the bits left (L-1-i);
+    L-1 ``<step>``s; ``<ans>`` and the answer (2); ``<bos>``, ``<sep>``, ``<eos>`` (3)."""
+    return 2 + length + 13 * length + length * (length - 1) // 2 + length - 1 + 2 + 3
+
+
+PARITY = ["tasks=[parity]", "base.task=parity", "base.scratchpad=full", "pos_encodings=[nope]"]
+
+
+def test_model_too_short_for_the_longest_test_sequence_fails_at_config_load():
+    # copy_repeat's longest test sequence: <bos> copy : s1..s6 <sep> s1..s6 <eos> = 17 positions
+    with pytest.raises(ValueError, match=r"^task 'copy_repeat' with scratchpad=none: the longest test sequence "
+                                         r"\(length 6: .*\) needs model.max_positions >= 17, not 16; raise "):
+        load_config(SyntheticConfig, TINY, ["model.max_positions=16"])
+    assert parity_positions(16) == 366
+    for extra in (0, 4):
+        needed = parity_positions(16) + extra
+        overrides = [*PARITY, f"base.eval.extra_new_tokens={extra}"]
+        load_config(SyntheticGridConfig, None, [*overrides, f"base.model.max_positions={needed}"])  # just enough
+        with pytest.raises(ValueError, match=rf"^task 'parity' with scratchpad=full: the longest test sequence "
+                                             rf"\(length 16: .*extra_new_tokens={extra}\) needs model.max_positions "
+                                             rf">= {needed}, not {needed - 1}; raise model.max_positions or lower "
+                                             rf"test_max_len$"):
+            load_config(SyntheticGridConfig, None, [*overrides, f"base.model.max_positions={needed - 1}"])
+
+
+def test_model_too_short_for_a_training_sequence_fails_before_training(tracking_overrides):
+    """The stage checks every split it generates: here a config changed after its validation."""
+    cfg = load_config(SyntheticConfig, TINY, tracking_overrides)
+    cfg.model = dataclasses.replace(cfg.model, max_positions=16)
     with pytest.raises(ValueError, match="model.max_positions=16 is too small: .* needs 17 positions"):
         stage.run(cfg)
+    client = MlflowClient(cfg.tracking.uri)
+    assert client.search_runs([e.experiment_id for e in client.search_experiments()]) == []
+
+
+def test_dry_runs_name_the_task_length_and_positions_of_a_sequence_too_long(tmp_path, tracking_overrides):
+    """A pipeline's dry run lists the config check's line under its step; a grid file (the ``config`` command,
+    which a pipeline cannot nest: its steps' tracking keys are top-level) fails with the same line."""
+    line = ("task 'parity' with scratchpad=full: the longest test sequence (length 16: <bos> prompt <sep> target "
+            "<eos>, plus eval.extra_new_tokens=0) needs model.max_positions >= 366, not 365; raise "
+            "model.max_positions or lower test_max_len")
+
+    def plan(max_positions: int) -> dict:
+        path = tmp_path / "synthetic.yaml"
+        path.write_text(yaml.safe_dump({"name": "synthetic", "steps": [{
+            "id": "parity_nope", "stage": "synthetic",
+            "overrides": ["task=parity", "scratchpad=full", f"model.max_positions={max_positions}"]}]}))
+        return run_stage("pipeline", stage_config("pipeline", str(path), [*tracking_overrides, "dry_run=true"]))
+
+    assert plan(366)["problems"] == []
+    with pytest.raises(ValueError) as err:
+        plan(365)
+    assert str(err.value).splitlines()[1:] == [f"step parity_nope: {line}"]
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"tasks": ["parity"], "pos_encodings": ["nope"], "base": {
+        "task": "parity", "scratchpad": "full", "model": {"max_positions": 365}}}))
+    with pytest.raises(ValueError, match=f"^{re.escape(line)}$"):
+        stage_config("synthetic-grid", str(grid))
 
 
 def test_model_pos_encoding_follows_the_stage_key():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import random
+import sys
 from collections import Counter
 
 import numpy as np
@@ -25,11 +27,12 @@ from nope_lightning.synthetic import (
     make_split,
     parse_answer,
     parse_scratchpad,
+    pcfg,
     render_scratchpad,
 )
 from nope_lightning.synthetic.algorithmic import SORT_SYMBOLS, addition_steps
 from nope_lightning.synthetic.core import as_random, number
-from nope_lightning.synthetic.pcfg import FUNCTIONS, MAX_OUTPUT, interpret
+from nope_lightning.synthetic.pcfg import FUNCTIONS, MAX_FUNCTIONS, MAX_OUTPUT, interpret
 from nope_lightning.synthetic.scan import all_commands
 from nope_lightning.synthetic.scan import interpret as scan_interpret
 from nope_lightning.synthetic.scratchpad import step
@@ -235,6 +238,25 @@ def test_pcfg_programs_have_length_many_functions():
         assert all(2 <= len(s) <= 5 for s in strings)
 
 
+def test_pcfg_longest_programs_need_few_frames_from_a_fresh_process():
+    """``MAX_FUNCTIONS`` programs are generated and interpreted within 300 frames above the caller (Python's
+    default limit is 1000), from an empty size table: filled top-down it needed ~700, and ~150 functions failed."""
+    for table in (pcfg._argument_mass, pcfg._call_mass, pcfg._call_options):
+        table.cache_clear()  # as in a fresh process
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack(0)) + 300)
+    try:
+        rng = random.Random(0)
+        programs = [body(get_task("pcfg").generate(rng, MAX_FUNCTIONS)) for _ in range(20)]
+        chain = interpret(["copy"] * MAX_FUNCTIONS + ["A1", "B2"])  # the deepest nesting MAX_FUNCTIONS allows
+    finally:
+        sys.setrecursionlimit(limit)
+    assert [sum(token in FUNCTIONS for token in program) for program in programs] == [MAX_FUNCTIONS] * 20
+    assert chain == ["A1", "B2"]
+    with pytest.raises(ValueError, match=f"cannot generate length {MAX_FUNCTIONS + 1}"):
+        get_task("pcfg").generate(rng, MAX_FUNCTIONS + 1)
+
+
 # --- splits --------------------------------------------------------------------------------------
 
 def test_registry_ranges_are_disjoint_and_adjacent():
@@ -409,10 +431,12 @@ def test_error_messages():
         make_split("copy", "dev", 1, 0)
     with pytest.raises(ValueError, match="n=-1"):
         make_split("copy", "train", -1, 0)
-    with pytest.raises(ValueError, match="below lego's shortest training length 4"):
+    with pytest.raises(ValueError, match="below lego's shortest training length 4; set train_max_len >= 4$"):
         make_split("lego", "train", 1, 0, train_max_len=3)
-    with pytest.raises(ValueError, match="exceeds lego's maximum length 26"):
+    with pytest.raises(ValueError, match="exceeds lego's maximum length 26; set test_max_len <= 26$"):
         make_split("lego", "test", 1, 0, test_max_len=30)
+    with pytest.raises(ValueError, match="test_max_len=101 exceeds pcfg's maximum length 100; set test_max_len <= 100$"):
+        make_split("pcfg", "test", 1, 0, test_max_len=101)
     with pytest.raises(ValueError, match="cannot generate length 29"):
         get_task("scan").generate(random.Random(0), 29)
     with pytest.raises(ValueError, match="unknown scratchpad format 'fancy'"):

@@ -1,4 +1,4 @@
-"""Paper 001's claims (``paper.CLAIMS``) tested on a pipeline's runs: per-seed effects (``claim_tests``), a
+"""The claims (paper 001's ``paper.CLAIMS``, the hybrids' ``paper.HYBRID_CLAIMS``) tested on a pipeline's runs: per-seed effects (``claim_tests``), a
 verdict about seeds that can go either way, and the evaluation-only interval beside it.
 
 Each seed's effect is computed on that seed's own runs (paired: the compared methods scored on the same windows,

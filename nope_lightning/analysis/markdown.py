@@ -1,11 +1,18 @@
 """Markdown tables written in one place, so that a cell holding ``|`` (a rule such as ``|effect| <= 0.1``, a
 method label) stays in its own column in every renderer (python-markdown, GitHub, a browser's view of the
-HTML report): the pipe is escaped as ``\\|``, which renders as ``|``."""
+HTML report): the pipe is escaped as ``\\|``, which renders as ``|``; and the report's markdown as one HTML page.
+"""
 
 from __future__ import annotations
 
+import base64
+import html
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+import markdown
 
 
 def escape(cell: Any) -> str:
@@ -17,3 +24,22 @@ def render(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
     """``| a | b |`` lines: the header, the rule, one line per row (no trailing newline)."""
     lines = ["| " + " | ".join(map(escape, header)) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(map(escape, row)) + " |" for row in rows])
+
+
+def html_page(markdown_text: str, folder: Path, title: str) -> str:
+    """The report as one self-contained HTML page (tables, and the PNGs embedded as data URIs), so MLflow's
+    artifact viewer and a browser show it whole without the neighbouring files."""
+    body = markdown.markdown(markdown_text, extensions=["tables"])
+
+    def embed(match: re.Match) -> str:
+        png = folder / html.unescape(match.group(1))
+        if not png.is_file():
+            return match.group(0)
+        return f'src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"'
+
+    body = re.sub(r'src="([^"]+\.png)"', embed, body)
+    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;line-height:1.4}"
+             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:3px 8px;"
+             "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>\n{body}\n</body></html>\n")

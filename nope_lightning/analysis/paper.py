@@ -1,5 +1,6 @@
 """The papers' published numbers that the report prints beside ours (never used in any computation), and
-paper 001's claims as rules our numbers are tested against (``CLAIMS``; computed by ``claims.py``).
+paper 001's claims as rules our numbers are tested against (``CLAIMS``; computed by ``claims.py``), with the
+claims of the hybrid architectures built on NoPE (``HYBRID_CLAIMS``).
 
 Paper 001 (Wang, Ji et al. 2024), TinyLlama-1.1B at L = 2K. Table 2: sliding-window PPL (S = 256) on PG19
 and Proof-pile at 2K/4K/8K/16K, i.e. 1x/2x/4x/8x the training length — the columns we compare with our
@@ -248,4 +249,30 @@ CLAIMS: tuple[Claim, ...] = (
           "log_law_slope", ("search_nope",), (), 0.05, unit="(lambda per ln s)"),
 )
 
-CLAIMS_BY_ID = {claim.id: claim for claim in CLAIMS}
+# --- the hybrids' claims (beyond both papers) ------------------------------------------------------------------
+# Llama 4's iRoPE (Meta, "The Llama 4 herd", 2025) interleaves one NoPE layer in four with RoPE layers and scales
+# the NoPE layers' queries with length at inference "to enhance length generalization"; RNoPE-SWA (Yang et al.
+# 2025, "Rope to Nope and Back Again", arXiv 2501.18795) windows the RoPE layers and reports a hybrid that keeps
+# RoPE's quality in distribution and retrieves far past the training length. Method labels are
+# experiments/hybrids.yaml's.
+_RETRIEVE = {m: Precondition("passkey_at_least", (m,), 0.5, 1) for m in ("irope", "rnope-swa")}
+
+HYBRID_CLAIMS: tuple[Claim, ...] = (
+    *(Claim(f"{m.replace('-', '_')}_keeps_rope_in_distribution",
+            f"{m} keeps RoPE's in-distribution perplexity (log-PPL at 1x within 2 % of RoPE's)",
+            "Yang et al. 2025: the hybrid matches RoPE on short contexts", "log_ppl_difference", (m, "rope"), (1, 1),
+            PPL_EFFECT, "within") for m in ("irope", "rnope-swa")),
+    *(Claim(f"{m.replace('-', '_')}_keeps_nope_retrieval",
+            f"{m} keeps NoPE's retrieval past L (passkey accuracy at 2x no more than 0.1 below NoPE's)",
+            "iRoPE / RNoPE-SWA: retrieval past the training length", "passkey_difference", (m, "nope"), (2,), -0.1,
+            unit="(accuracy)", preconditions=(_RETRIEVE[m], Precondition("passkey_at_least", ("nope",), 0.5, 1)))
+      for m in ("irope", "rnope-swa")),
+    Claim("rnope_swa_flat_past_L", "RNoPE-SWA's perplexity past L stays within 10 % of its 1x perplexity (log-PPL at "
+          "8x minus at 1x)", "Yang et al. 2025: robust far past the training length", "log_ppl_difference",
+          ("rnope-swa", "rnope-swa"), (8, 1), math.log(1.1), "below"),
+    Claim("irope_temperature_helps", "Llama 4's inference-time temperature lowers iRoPE's perplexity at 8x",
+          "Llama 4: temperature scaling on NoPE layers enhances length generalization", "log_ppl_difference",
+          ("irope", "irope beta=0.1"), (8, 8), PPL_EFFECT),
+)
+
+CLAIMS_BY_ID = {claim.id: claim for claim in (*CLAIMS, *HYBRID_CLAIMS)}

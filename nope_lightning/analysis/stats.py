@@ -13,7 +13,8 @@ Strata are seeds. Each seed's units are resampled within that seed, and the stat
 seed; "pooled" estimates average a per-seed effect over the seeds (each seed weighs the same), so the pooled
 interval measures the evaluation-data noise of the seeds we ran, and the spread between seeds is reported
 separately (per-seed estimates, a t interval across seeds, and a prediction interval for one more seed: what
-another seed, i.e. another trained model, would show).
+another seed, i.e. another trained model, would show). Where seeds are themselves the units, crossed with a
+second factor (paper 002's (task, seed) queries), ``crossed_bootstrap`` resamples both.
 """
 
 from __future__ import annotations
@@ -172,6 +173,25 @@ def per_seed_bootstrap(strata: Sequence[np.ndarray], statistic: Statistic | Sequ
                                                                                           strict=True))]
     pool = bootstrap(strata, pooled, resamples, seed, level)
     return replace(pool, per_seed=tuple(e.estimate for e in each)), each
+
+
+def crossed_bootstrap(values: np.ndarray, statistic: Statistic, resamples: int = 1000, seed: int = 0,
+                      level: float = LEVEL) -> Interval:
+    """Percentile bootstrap of ``statistic`` over ``values`` (seeds, tasks, k) with both factors resampled: each
+    resample draws the seeds and the tasks with replacement, independently, and averages ``values`` over the drawn
+    (seed, task) pairs (a pair drawn twice counts twice). For values indexed by two crossed random factors, e.g. a
+    PE's reciprocal rank per (task, seed) query: resampling the pairs as if independent would hide the spread that a
+    whole seed (or task) shares. ``statistic`` maps the means (R, k) to (R,); the estimate is it on all pairs."""
+    if resamples < MIN_RESAMPLES:
+        raise ValueError(f"bootstrap resamples={resamples} is too few: use >= {MIN_RESAMPLES}")
+    n_seeds, n_tasks = values.shape[:2]
+    rng = np.random.default_rng(seed)
+    seed_counts = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=resamples)  # (R, seeds): times drawn
+    task_counts = rng.multinomial(n_tasks, np.full(n_tasks, 1 / n_tasks), size=resamples)
+    drawn = statistic(np.einsum("rs,rt,stk->rk", seed_counts, task_counts, values) / (n_seeds * n_tasks))
+    low, high = np.quantile(drawn, [(1 - level) / 2, (1 + level) / 2])
+    return Interval(float(statistic(values.mean((0, 1))[None])[0]), float(low), float(high), level,
+                    resamples=resamples)
 
 
 def blocks(values: np.ndarray, groups: np.ndarray, size: int) -> np.ndarray:

@@ -39,23 +39,33 @@ BIASED_NOTE = (f"{BIASED} The estimate lies outside its bootstrap interval: resa
 
 @dataclass(frozen=True)
 class Methods:
-    """What an experiment file says of its methods (step labels) for the report: the ``reference`` every method
-    is paired against ('': none), the paper row each is printed beside (``rows[table][method]``, ``table`` a
-    key of ``paper.ROWS``), and the NoPE family (drawn apart from the baselines)."""
+    """What experiment files say of their methods (step labels) for the report: the ``reference`` every method
+    is paired against ('': none) and the ``more_references`` each with a paired table of its own, the paper row
+    each method is printed beside (``rows[table][method]``, ``table`` a key of ``paper.ROWS``), and the NoPE
+    family (drawn apart from the baselines)."""
 
     reference: str = ""
     rows: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     nope_family: frozenset[str] = frozenset()
+    more_references: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, pipeline: PipelineConfig | None) -> Methods:
-        """The file's own (its steps' ``paper`` and ``family``, its ``reference``); none without a file."""
-        if pipeline is None:
+    def of(cls, *pipelines: PipelineConfig | None) -> Methods:
+        """The files' own (their steps' ``paper`` and ``family``; the references of the first file): a report over
+        several pipeline runs (a study split into files) knows every file's methods; none without a file."""
+        files = [p for p in pipelines if p is not None]
+        if not files:
             return cls()
-        steps = {step.label or step.id: step for step in pipeline.steps}
+        steps = {step.label or step.id: step for pipeline in files for step in pipeline.steps}
         rows = {table: {m: step.paper[table] for m, step in steps.items() if table in step.paper}
                 for table in paper.ROWS}
-        return cls(pipeline.reference, rows, frozenset(m for m, step in steps.items() if step.family == "nope"))
+        return cls(files[0].reference, rows, frozenset(m for m, step in steps.items() if step.family == "nope"),
+                   tuple(files[0].more_references))
+
+    @property
+    def references(self) -> tuple[str, ...]:
+        """Every method a paired table compares with, the reference first."""
+        return tuple(m for m in (self.reference, *self.more_references) if m)
 
     def paper_rows(self, table: str) -> Mapping[str, str]:
         """method -> its row of the paper's ``table``."""
@@ -348,7 +358,7 @@ def recipe_section(pretrains: list) -> str:
 
 
 def claims_table(outcomes: Sequence[Outcome]) -> str:
-    """Each claim: its rule, paper 001's figure, our effect as the mean of the per-seed effects with its 95 % t
+    """Each claim: its rule, what its source (paper 001, or a hybrid's paper) says, our effect as the mean of the per-seed effects with its 95 % t
     interval across seeds (and each seed's effect), the 95 % prediction interval for one new seed, the
     evaluation-only interval (pooled bootstrap over the evaluation units, models held fixed; with how many
     resamples were undefined), how many seeds lie on the claim's side, and the verdict (``claims.verdict``:
@@ -373,7 +383,7 @@ def claims_table(outcomes: Sequence[Outcome]) -> str:
             evaluation += f" ({o.interval.undefined} of {o.interval.resamples} resamples undefined, left out)"
         rows.append([o.claim.text, o.claim.rule, o.claim.paper, ours, new_seed, evaluation,
                      f"{o.on_side} of {seeds}", f"**{o.verdict}**"])
-    return ("### Paper 001's claims, tested\n\n"
+    return ("### The claims, tested\n\n"
             "Each effect is paired (the compared methods scored on the same windows, position windows or prompts) "
             "and computed seed by seed. *ours*: the mean of the per-seed effects with its 95 % t interval across "
             "seeds (df = seeds - 1); *one new seed*: the 95 % prediction interval for another seed's effect; "
@@ -381,6 +391,6 @@ def claims_table(outcomes: Sequence[Outcome]) -> str:
             "models held fixed (not used for verdicts). Verdicts are about seeds: *reproduced* when the t "
             "interval lies on the claim's side of the threshold, *not reproduced* when it lies on the other "
             "side, *inconclusive* otherwise; one seed gets no verdict; *untestable*: a precondition fails.\n\n"
-            + markdown_table(["claim", "rule", "paper 001", "ours: mean [95 % t across seeds]",
+            + markdown_table(["claim", "rule", "the source says", "ours: mean [95 % t across seeds]",
                               "one new seed [95 % prediction]", "evaluation only [95 % pooled bootstrap]",
                               "seeds on the claim's side", "verdict"], rows))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass, field
 
@@ -49,10 +50,11 @@ class PipelineConfig:
     later step runs on that replicate's models), each run tagged with its seed; empty means one replicate with
     the stages' own seeds. ``matrix``: every step runs once per point of the grid ``{key: [values]}`` (keys are
     used as ``@{matrix.<key>}`` in overrides), inside each replicate. Steps run replicate by replicate, point by
-    point, in file order. ``claims``: ids of paper 001's claims (``paper.CLAIMS``) the report tests; each names
+    point, in file order. ``claims``: ids of the claims (``paper.CLAIMS``, ``paper.HYBRID_CLAIMS``) the report tests; each names
     the methods (step labels) it compares, which the file must run. ``bootstrap``: resamples behind every
     interval of the report. ``reference``: the step label every method is paired against in the report's paired
-    table (empty: no paired table). ``sweep``: ``{x: <matrix key>, lines: <matrix key>}`` adds the report's sweep
+    table (empty: no paired table); ``more_references``: further step labels, each with a paired table of its own
+    (the hybrids are paired with NoPE and with RoPE). ``sweep``: ``{x: <matrix key>, lines: <matrix key>}`` adds the report's sweep
     section (measures per matrix point, plotted against ``x``, one line per value of ``lines``), with the step
     label of each ``SWEEP_ROLES`` method its measures compare (``nope: nope``, ...; a role left out is not
     measured).
@@ -70,6 +72,7 @@ class PipelineConfig:
     claims: list[str] = field(default_factory=list)
     bootstrap: int = 1000
     reference: str = ""
+    more_references: list[str] = field(default_factory=list)
     sweep: dict[str, str] = field(default_factory=dict)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     report: bool = True
@@ -123,9 +126,10 @@ class PipelineConfig:
             if (other.paper, other.family) != (step.paper, step.family):
                 problems.append(f"steps {other.id!r} and {step.id!r} both label method {method!r} but give it "
                                 f"different paper rows or families; give them the same")
-        if self.reference and self.reference not in methods:
-            problems.append(f"reference={self.reference!r} is no step's label; name the method the paired table "
-                            f"compares with (a step label) or leave reference empty")
+        for key, method in [("reference", self.reference), *(("more_references", m) for m in self.more_references)]:
+            if method and method not in methods:
+                problems.append(f"{key}: {method!r} is no step's label; name the method a paired table compares "
+                                f"with (a step label) or leave it out")
         for role, method in self.sweep.items():
             if role in ("x", "lines"):
                 continue
@@ -191,17 +195,36 @@ def _assignment(override: str) -> tuple[str, str]:
 
 
 @dataclass
+class ReportSource:
+    """Another pipeline run a report reads beside its own: ``run`` (its MLflow run id) in the store ``uri``
+    (empty: the report's own store), e.g. a study split into files, or one seed per file, run on several
+    machines."""
+
+    run: str = ""
+    uri: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.run:
+            raise ValueError("also: every entry needs run=<pipeline run id> (and uri=<store> when it is in another "
+                             "store)")
+
+
+@dataclass
 class ReportConfig:
     """``nope-lightning run report run=<pipeline run id>``: markdown tables + PNG plots from tracked runs,
     written under ``out_dir`` (default ``mlruns/reports/<run id>``) and logged to MLflow. The claims tested
     (``claims``), the sweep section (``sweep``) and the bootstrap resamples (``bootstrap``) are the pipeline's
-    own (its logged ``config.yaml``) unless given here (unset: ``None`` / ``0``)."""
+    own (its logged ``config.yaml``) unless given here (unset: ``None`` / ``0``). ``also``: further pipeline
+    runs reported together with ``run`` (``"also=[{run: <id>}, {run: <id>, uri: 'sqlite:///other/mlflow.db'}]"``):
+    their runs join ``run``'s, placed by their own tags (a seed or a method that two runs both hold is an error,
+    not a silent choice); the report is logged to ``run``."""
 
     run: str = ""
     out_dir: str = ""
     claims: list[str] | None = None
     sweep: dict[str, str] | None = None
     bootstrap: int = 0
+    also: list[ReportSource] = field(default_factory=list)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
@@ -212,3 +235,9 @@ class ReportConfig:
                 raise ValueError(f"unknown claim {claim_id!r}; claims: {', '.join(CLAIMS_BY_ID)}")
         if self.bootstrap:
             check_bootstrap("bootstrap", self.bootstrap)
+
+    @property
+    def sources(self) -> list[tuple[TrackingConfig, str]]:
+        """``(store, pipeline run id)`` of ``run`` and of every ``also`` entry, ``run`` first."""
+        return [(self.tracking, self.run), *((dataclasses.replace(self.tracking, uri=s.uri) if s.uri else
+                                              self.tracking, s.run) for s in self.also)]

@@ -4,18 +4,23 @@
 one position encoding, one seed. ``SyntheticGridConfig`` is the study (``run synthetic-grid``): tasks x
 PEs x seeds, each cell a ``SyntheticConfig`` made from ``base``. The schema defaults are the ``small``
 CPU recipe (``conf/synthetic/small.yaml`` repeats them to document it), in the style of ``nope_lightning.config``:
-every bad value raises ``ValueError`` naming its key before any compute.
+every bad value raises ``ValueError`` naming its key before any compute — a longest test sequence that does not fit
+``model.max_positions`` included, so every entry point (``run``, a pipeline and its dry run) refuses it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
 import warnings
 from dataclasses import dataclass, field
 
-from nope_lightning.config.core import POS_ENCODINGS, check_choice, check_range
+from nope_lightning.config.core import POS_ENCODINGS, check_choice, check_range, to_dict
 from nope_lightning.config.parts import ModelConfig, OptimConfig, TrackingConfig, TrainerConfig
-from nope_lightning.synthetic.tasks import TASKS, get_task
+from nope_lightning.synthetic.core import Example
+from nope_lightning.synthetic.tasks import TASKS, get_task, make_split
 
 #: The paper's five PEs in our names: NoPE, T5's relative bias, ALiBi, Rotary and APE (sinusoidal, as
 #: the reference's ``abs_sinusoid``; ``learned`` is our other absolute variant, not in the paper's grid).
@@ -43,6 +48,23 @@ class SyntheticEvalConfig:
         check_range("eval.batch_size", self.batch_size, 1)
         check_range("eval.extra_new_tokens", self.extra_new_tokens, 0)
         check_range("eval.bucket_width", self.bucket_width, 1)
+
+
+def sequence_tokens(example: Example) -> int:
+    """Positions of ``<bos> prompt <sep> target <eos>``: the example as trained, and as decoded in full."""
+    return len(example.prompt) + len(example.target) + 3
+
+
+@functools.cache
+def longest_test_sequence(task: str, scratchpad: str, seed: int, train_max_len: int | None,
+                          test_max_len: int | None, n: int) -> tuple[int, int]:
+    """(positions, length) of the longest sequence (``sequence_tokens``) of the test split the run decodes, the
+    split itself generated as the run generates it. Cached: a grid's PEs share their (task, seed)'s split, and the
+    slowest (polynomial's 2000 examples with the full scratchpad) takes about 0.4 s."""
+    examples = make_split(task, "test", n=n, seed=seed, scratchpad=scratchpad, train_max_len=train_max_len,
+                          test_max_len=test_max_len)
+    longest = max(examples, key=sequence_tokens)
+    return sequence_tokens(longest), longest.length
 
 
 def _small_model() -> ModelConfig:
@@ -73,6 +95,9 @@ class SyntheticConfig:
       selection; test: out of distribution, every length equally often).
     - ``batch_size``: training sequences per step; ``eval``: decoding and scoring settings.
     - ``log_model``: log the selected weights as the MLflow artifact ``model.safetensors``.
+
+    ``model.max_positions`` must hold the test split's longest sequence (prompt, scratchpad and answer at the
+    longest test lengths) plus ``eval.extra_new_tokens``; the check generates that split (cached, under a second).
     """
 
     task: str = "copy_repeat"
@@ -109,7 +134,18 @@ class SyntheticConfig:
         if self.train_max % self.eval.bucket_width:
             raise ValueError(f"eval.bucket_width={self.eval.bucket_width} must divide the training maximum "
                              f"{self.train_max}, so that no length bucket mixes ID and OOD lengths")
+        self._check_positions()
         self._apply_pos_encoding()
+
+    def _check_positions(self) -> None:
+        # The test split holds the longest lengths, hence every task's longest sequences; the stage checks every
+        # split again once it has generated them (``check_fits``).
+        needed, length = self.test_positions
+        if needed > self.model.max_positions:
+            raise ValueError(f"task {self.task!r} with scratchpad={self.scratchpad}: the longest test sequence "
+                             f"(length {length}: <bos> prompt <sep> target <eos>, plus eval.extra_new_tokens="
+                             f"{self.eval.extra_new_tokens}) needs model.max_positions >= {needed}, not "
+                             f"{self.model.max_positions}; raise model.max_positions or lower test_max_len")
 
     def _apply_pos_encoding(self) -> None:
         default = ModelConfig.pos_encoding
@@ -130,6 +166,19 @@ class SyntheticConfig:
         return self.train_max_len or get_task(self.task).train_lengths[-1]
 
     @property
+    def test_max(self) -> int:
+        """The longest test length (the task's default when ``test_max_len`` is 0)."""
+        return self.test_max_len or get_task(self.task).test_lengths[-1]
+
+    @property
+    def test_positions(self) -> tuple[int, int]:
+        """(positions, length): the positions decoding the test split's longest sequence takes (its
+        ``sequence_tokens`` plus ``eval.extra_new_tokens``), which ``model.max_positions`` must hold, and that
+        sequence's length (the task's measure)."""
+        tokens, length = longest_test_sequence(self.task, self.scratchpad, self.seed, *self.max_lens, self.n_test)
+        return tokens + self.eval.extra_new_tokens, length
+
+    @property
     def run_name(self) -> str:
         scratchpad = "" if self.scratchpad == "none" else f"-{self.scratchpad}"
         return self.name or f"synthetic-{self.task}{scratchpad}-{self.pos_encoding}-s{self.seed}"
@@ -148,8 +197,10 @@ class SyntheticGridConfig:
 
     Each cell is ``base`` with its task, PE and seed (``base.task``, ``base.pos_encoding``,
     ``base.seed`` and ``base.name`` are replaced); ``base.tracking`` is the store of the parent and all
-    children. ``attention_examples_per_length``: examples per length (in-distribution from valid, OOD
-    from test) for the attention analysis of every PE against NoPE of the same seed (0: no analysis);
+    children (in a pipeline, the pipeline's store and run: the stage registry's ``Stage.tracking`` names this
+    key, so the grid keeps one tracking setting; a replicate's seed sets ``seeds``, ``Stage.seed``).
+    ``attention_examples_per_length``: examples per length (in-distribution from valid, OOD from test) for the
+    attention analysis of every PE against NoPE of the same seed (0: no analysis);
     ``distance_bins``: bins of the attended-distance histogram.
     """
 
@@ -174,6 +225,12 @@ class SyntheticGridConfig:
             raise ValueError("attention_examples_per_length > 0 compares every PE with NoPE: add nope to "
                              "pos_encodings or set attention_examples_per_length=0")
         self.cells()  # runs every cell's own checks (task names, PEs, lengths) before any compute
+
+    @property
+    def config_hash(self) -> str:
+        """16 hex digits of the whole resolved config (tracking, and the pipeline run it is nested under,
+        included): the tag by which running the same grid again finds its parent run and resumes it."""
+        return hashlib.sha256(json.dumps(to_dict(self), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def cells(self, parent_run_id: str = "") -> list[SyntheticConfig]:
         """Every (task, seed, PE) config, grouped so that one (task, seed)'s PEs are consecutive."""

@@ -23,6 +23,7 @@ from typing import Any
 from nope_lightning.config.parts import DataConfig
 from nope_lightning.config.pipeline import PipelineConfig
 from nope_lightning.config.stages import PretrainConfig
+from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
 from nope_lightning.eval.longctx import answer_tokens
 from nope_lightning.pipeline.registry import get_stage
 from nope_lightning.pipeline.steps import Instance, expand, reference_problems, step_config
@@ -279,7 +280,21 @@ def plan_finetune(cfg, model: Model | None, entry: dict) -> None:
         check_training_data(entry, model.cfg.data, entry["training_tokens"], cfg.target_len)
 
 
+def plan_synthetic(cfg: SyntheticConfig | SyntheticGridConfig, model: Model | None, entry: dict) -> None:
+    """A synthetic run or grid: its cells (task x PE x seed) and optimizer steps per cell, and per task its longest
+    training and test length (the task's own measure, e.g. digits) and the most positions decoding a test sequence
+    takes over the seeds, beside ``model.max_positions``. The config already refused a sequence that does not
+    fit: this shows the headroom."""
+    cells = cfg.cells() if isinstance(cfg, SyntheticGridConfig) else [cfg]
+    entry["cells"], entry["steps"] = len(cells), cells[0].trainer.max_steps
+    for cell in cells:
+        row = entry["lengths"].setdefault(cell.task, {"train_max": cell.train_max, "test_max": cell.test_max,
+                                                      "positions": 0, "max_positions": cell.model.max_positions})
+        row["positions"] = max(row["positions"], cell.test_positions[0])
+
+
 #: Stages checked beyond their config (lengths, budgets, data), each ``(config, model | None, plan entry)``; their
 #: result names come from the stages' own declarations (``run.Stage.result_keys``).
 CHECKS = {"pretrain": plan_pretrain, "evaluate": plan_evaluate, "scale-search": plan_scale_search,
-          "headscale": plan_headscale, "headscale-search": plan_headscale_search, "finetune": plan_finetune}
+          "headscale": plan_headscale, "headscale-search": plan_headscale_search, "finetune": plan_finetune,
+          "synthetic": plan_synthetic, "synthetic-grid": plan_synthetic}

@@ -23,12 +23,27 @@ class Stage:
     """A stage: its config dataclass, its entry function and the declaration of its results, each as
     ``module:name`` (imported lazily). ``results`` is ``(config, train_len | None) -> {name: kind} | None``, in
     the stage's module beside the code that returns them; '' for a stage whose result names are only known
-    once it ran."""
+    once it ran.
+
+    What a pipeline step of the stage needs to know, declared here so that no stage config grows a copy of a
+    setting it already has (the synthetic grid's store is its cells' ``base.tracking``):
+
+    - ``tracking``: the dotted key of the config's ``TrackingConfig``, which a pipeline sets to its store and
+      parent run; '' for a stage that tracks nothing.
+    - ``seed``: the override that gives the stage a replicate's seed, ``{seed}`` standing for it (``seed={seed}``
+      trains one model at that seed; ``seeds=[{seed}]`` runs a grid's cells at that seed alone); '' for a stage
+      that keeps its own seeds in every replicate (an evaluation's prompts, HeadScale's data order).
+    - ``run``: the result key naming the run the stage started, when it is not ``run_id``: ``run_stage`` returns
+      it as ``run_id`` too, the key by which a pipeline tags, records and reuses a step's run.
+    """
 
     config: str
     entry: str
     summary: str
     results: str = ""
+    tracking: str = "tracking"
+    seed: str = ""
+    run: str = "run_id"
 
     def config_class(self) -> type:
         return _resolve(self.config)
@@ -48,17 +63,18 @@ def _resolve(ref: str):
     return getattr(importlib.import_module(module), name)
 
 
-def _stage(module: str, config: str, summary: str, declared: bool = True) -> Stage:
-    """The stage whose ``run`` and ``result_keys`` live in ``nope_lightning.stages.<module>``."""
+def _stage(module: str, config: str, summary: str, declared: bool = True, **pipeline: str) -> Stage:
+    """The stage whose ``run`` and ``result_keys`` live in ``nope_lightning.stages.<module>``; ``pipeline``:
+    its ``tracking``, ``seed`` and ``run`` where they differ from the defaults."""
     where = f"nope_lightning.stages.{module}"
-    return Stage(config, f"{where}:run", summary, f"{where}:result_keys" if declared else "")
+    return Stage(config, f"{where}:run", summary, f"{where}:result_keys" if declared else "", **pipeline)
 
 
 STAGES: dict[str, Stage] = {
     "prepare": _stage("prepare", "nope_lightning.config:PrepareConfig",
-                      "tokenizer + packed token files for a corpus (cached)"),
+                      "tokenizer + packed token files for a corpus (cached)", tracking=""),
     "pretrain": _stage("pretrain", "nope_lightning.config:PretrainConfig",
-                       "causal LM from scratch with a chosen position encoding"),
+                       "causal LM from scratch with a chosen position encoding", seed="seed={seed}"),
     "evaluate": _stage("evaluate", "nope_lightning.config:EvaluateConfig",
                        "PPL, per-position curves, attention entropy, passkey, long-context tasks"),
     "scale-search": _stage("scale_search", "nope_lightning.config:ScaleSearchConfig",
@@ -66,14 +82,16 @@ STAGES: dict[str, Stage] = {
     "headscale": _stage("headscale", "nope_lightning.config:HeadScaleConfig",
                         "per-head temperatures (n_layer x n_head) on a frozen model, focus constraint"),
     "headscale-search": _stage("headscale_search", "nope_lightning.config:HeadScaleSearchConfig",
-                               "Optuna TPE over HeadScale's init and lr, pruned on validation loss"),
+                               "Optuna TPE over HeadScale's init and lr, pruned on validation loss",
+                               tracking="base.tracking"),
     "finetune": _stage("finetune", "nope_lightning.config:FinetuneConfig",
                        "RoPE baselines: full PI / YaRN fine-tuning at the target length"),
     "synthetic": _stage("synthetic", "nope_lightning.config:SyntheticConfig",
-                        "paper-002 task suite: one (task, PE, seed), exact match per length bucket"),
+                        "paper-002 task suite: one (task, PE, seed), exact match per length bucket",
+                        seed="seed={seed}"),
     "synthetic-grid": _stage("synthetic_grid", "nope_lightning.config:SyntheticGridConfig",
                              "tasks x PEs x seeds under one parent run: OOD table, MRR (ties averaged)",
-                             declared=False),
+                             declared=False, tracking="base.tracking", seed="seeds=[{seed}]", run="parent_run_id"),
     "pipeline": Stage("nope_lightning.config:PipelineConfig", "nope_lightning.pipeline.runner:run",
                       "an experiment file: stages chained through MLflow, resumable, one parent run",
                       "nope_lightning.pipeline.runner:result_keys"),
@@ -102,4 +120,5 @@ def run_stage(name: str, cfg: Any, **extra: Any) -> dict[str, Any]:
     if not isinstance(cfg, stage.config_class()):
         raise TypeError(f"stage {name} takes a {stage.config}, got {type(cfg).__name__}")
     check_store(cfg)  # seconds and one line for an unusable store, before any data or compute
-    return stage.function()(cfg, **extra)
+    result = stage.function()(cfg, **extra)
+    return result if stage.run == "run_id" else {**result, "run_id": result[stage.run]}

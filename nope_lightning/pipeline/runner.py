@@ -86,6 +86,9 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
         tracking.client(cfg.tracking).set_tag(parent, "pipeline_hash", run_hash)
     else:
         tracking.claim_run(cfg.tracking, parent)
+        # What the file says only to the report (claims, references, labels' paper rows) may have changed since:
+        # the report reads the logged config.yaml, so it is the file as run now (logged params keep their values).
+        tracking.log_config(cfg.tracking, parent, cfg)
     done = tracking.step_records(cfg.tracking, parent)
     results: dict[str, dict] = {}
     start = time.perf_counter()

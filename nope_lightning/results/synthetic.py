@@ -1,13 +1,21 @@
 """The synthetic tasks' results (Kazemnejad et al. 2023): one (task, position encoding, seed) cell
-(``synthetic``'s ``results.json``) and the grid's aggregate (``synthetic-grid``'s ``results.json``).
-Accuracies are exact match in [0, 1], lengths the task's own (e.g. digits), times in seconds."""
+(``synthetic``'s ``results.json``), one (task, seed)'s attention analysis (the grid's
+``attention_by_seed/<task>_s<seed>.json``) and the grid's aggregate (``synthetic-grid``'s ``results.json``).
+Accuracies are exact match in [0, 1], lengths the task's own (e.g. digits), times in seconds.
+
+Format versions: a cell (and the grid holding cells) of version 1 has no per-example record (``ood_correct``,
+``test_digest``: read as empty); version 2 adds them, so that PE-vs-PE differences can be paired on the test
+examples (``analysis.synthetic_claims``)."""
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nope_lightning.results.core import ResultFile, int_keys
+from nope_lightning.synthetic.core import Example
 
 
 @dataclass(frozen=True)
@@ -31,18 +39,32 @@ class Failure:
     prediction: str
 
 
+def problems_digest(examples: Sequence[Example]) -> str:
+    """16 hex digits naming a test split's problems, in order: their prompts and final answers, not the
+    scratchpad format (a (task, seed)'s split is the same problems in every format and for every PE)."""
+    text = "\n".join(" ".join(e.prompt) + " => " + " ".join(e.answer) for e in examples)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
 @dataclass(frozen=True)
 class SyntheticCell(ResultFile):
     """One trained and evaluated (task, PE, seed): ID and OOD accuracy of the weights selected on ID
-    validation (``best_val_acc`` at ``best_step`` of ``steps``), per length bucket, and the first failures."""
+    validation (``best_val_acc`` at ``best_step`` of ``steps``), per length bucket, and the first failures.
+
+    ``ood_correct``: each test (OOD) example's exact match, in the test split's order; ``test_digest``: that
+    split's ``problems_digest``. Every PE and scratchpad format of a (task, seed) is scored on the same split,
+    which the digest lets a reader check before pairing two cells example by example. Both are empty in a
+    version-1 file. On disk ``ood_correct`` is a string of ``0``/``1``, one character per example (a JSON list
+    of booleans takes six)."""
 
     KIND = "synthetic"
+    VERSION = 2
 
     run_id: str
     task: str
     pos_encoding: str
     seed: int
-    scratchpad: bool
+    scratchpad: str
     train_max_len: int
     test_max_len: int
     id_acc: float
@@ -55,18 +77,23 @@ class SyntheticCell(ResultFile):
     parameters: int
     buckets: list[BucketAccuracy]
     errors: list[Failure] = field(default_factory=list)
+    ood_correct: tuple[bool, ...] = ()
+    test_digest: str = ""
 
     def body(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in ("run_id", "task", "pos_encoding", "seed", "scratchpad",
                                              "train_max_len", "test_max_len", "id_acc", "ood_acc", "best_val_acc",
-                                             "best_step", "steps", "train_seconds", "eval_seconds", "parameters")}
-        return {**out, "buckets": [vars(b) for b in self.buckets], "errors": [vars(e) for e in self.errors]}
+                                             "best_step", "steps", "train_seconds", "eval_seconds", "parameters",
+                                             "test_digest")}
+        return {**out, "ood_correct": "".join("1" if ok else "0" for ok in self.ood_correct),
+                "buckets": [vars(b) for b in self.buckets], "errors": [vars(e) for e in self.errors]}
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> SyntheticCell:
-        fields = {k: v for k, v in data.items() if k not in ("version", "buckets", "errors")}
+        fields = {k: v for k, v in data.items() if k not in ("version", "buckets", "errors", "ood_correct")}
         return cls(**fields, buckets=[BucketAccuracy(**b) for b in data["buckets"]],
-                   errors=[Failure(**e) for e in data.get("errors", [])])
+                   errors=[Failure(**e) for e in data.get("errors", [])],
+                   ood_correct=tuple(c == "1" for c in data.get("ood_correct", "")))
 
 
 @dataclass(frozen=True)
@@ -79,6 +106,30 @@ class TaskAttention:
     hist: dict[str, list[int]]
     edges: list[float]
 
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> TaskAttention:
+        return cls({pe: int_keys(v) for pe, v in data["jsd"].items()},
+                   {pe: int_keys(v) for pe, v in data["jsd_by_layer"].items()}, data["hist"], data["edges"])
+
+
+@dataclass(frozen=True)
+class SeedAttention(ResultFile):
+    """The attention analysis of one (task, seed), per PE (our names, NoPE the reference, its JSD absent); the
+    grid stores it as soon as it is computed, so a resumed grid needs no model of a (task, seed) already done."""
+
+    KIND = "synthetic-attention"
+
+    task: str
+    seed: int
+    attention: TaskAttention
+
+    def body(self) -> dict[str, Any]:
+        return {"task": self.task, "seed": self.seed, "attention": vars(self.attention)}
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> SeedAttention:
+        return cls(data["task"], data["seed"], TaskAttention.parse(data["attention"]))
+
 
 @dataclass(frozen=True)
 class SyntheticGridResult(ResultFile):
@@ -86,6 +137,7 @@ class SyntheticGridResult(ResultFile):
     (``ood``, ``id``), the attention analysis per task and every cell (without its failures)."""
 
     KIND = "synthetic-grid"
+    VERSION = 2  # its cells' version (``SyntheticCell``)
 
     parent_run_id: str
     mrr: dict[str, float]
@@ -101,9 +153,6 @@ class SyntheticGridResult(ResultFile):
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> SyntheticGridResult:
-        attention = {task: TaskAttention({pe: int_keys(v) for pe, v in a["jsd"].items()},
-                                         {pe: int_keys(v) for pe, v in a["jsd_by_layer"].items()}, a["hist"],
-                                         a["edges"])
-                     for task, a in data["attention"].items()}
+        attention = {task: TaskAttention.parse(a) for task, a in data["attention"].items()}
         return cls(data["parent_run_id"], data["mrr"], data["ood"], data["tables"], attention,
                    [SyntheticCell.parse(r) for r in data["runs"]])

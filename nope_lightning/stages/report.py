@@ -12,8 +12,6 @@ experiment file's (``tables.Methods``), never read from the method's label.
 
 from __future__ import annotations
 
-import base64
-import html
 import math
 import re
 import shutil
@@ -22,33 +20,34 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import markdown
 import numpy as np
 
 from nope_lightning import tracking
-from nope_lightning.analysis import claims, plots, sweep, tables
+from nope_lightning.analysis import claims, markdown, plots, sweep, synthetic_claims, tables
 from nope_lightning.analysis.paper import CLAIMS_BY_ID
 from nope_lightning.analysis.stats import t_interval
 from nope_lightning.config.core import load_config
+from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
 from nope_lightning.pipeline.runkey import RunKey
 from nope_lightning.results.evaluation import Curve, EvaluationResult
 from nope_lightning.results.headscale import HeadScaleResult
 from nope_lightning.results.search import ScaleSearchResult
+from nope_lightning.results.synthetic import SyntheticGridResult
 
 
-def pipeline_runs(cfg: ReportConfig) -> list[tuple[Any, RunKey]]:
-    """The runs behind the pipeline's figures with their places, oldest first: one per step record — the run the
+def pipeline_runs(store: TrackingConfig, pipeline_run: str) -> list[tuple[Any, RunKey]]:
+    """The runs behind a pipeline's figures with their places, oldest first: one per step record — the run the
     step started, or the one it reused (a finished step of another pipeline run found by its hash, a model found
     by name, such as ``small``'s for ``small_temperature``), placed where this pipeline's record says — and the
     direct children no record names (a step killed mid-way), placed by their own tags."""
-    client = tracking.client(cfg.tracking)
-    parent = client.get_run(cfg.run)
+    client = tracking.client(store)
+    parent = client.get_run(pipeline_run)
     children = {run.info.run_id: run for run in client.search_runs(
-        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{cfg.run}'",
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{pipeline_run}'",
         order_by=["attributes.start_time ASC"], max_results=5000)}
     placed = []
-    for record in tracking.step_records(cfg.tracking, cfg.run).values():
+    for record in tracking.step_records(store, pipeline_run).values():
         if run_id := record["result"].get("run_id"):
             run = children.get(run_id) or client.get_run(run_id)
             # A record written before records held their tags: the run's own tags place it.
@@ -59,55 +58,66 @@ def pipeline_runs(cfg: ReportConfig) -> list[tuple[Any, RunKey]]:
     return sorted(placed, key=lambda pair: pair[0].info.start_time)
 
 
-#: The result file each gathered stage logs, read through its type.
-RESULTS = {"results.json": EvaluationResult, "scale_search.json": ScaleSearchResult,
-           "headscale.json": HeadScaleResult}
+#: The result file each gathered stage logs and its type: ``stage -> (file, type)``.
+RESULTS = {"evaluate": ("results.json", EvaluationResult), "scale-search": ("scale_search.json", ScaleSearchResult),
+           "headscale": ("headscale.json", HeadScaleResult), "synthetic-grid": ("results.json", SyntheticGridResult)}
 
 
-def _artifact_json(cfg: ReportConfig, run_id: str,
-                   path: str) -> EvaluationResult | ScaleSearchResult | HeadScaleResult | None:
-    """The run's result file ``path`` (a ``RESULTS`` name), None when the run has none."""
-    names = {a.path for a in tracking.client(cfg.tracking).list_artifacts(run_id, str(Path(path).parent)
-                                                                         if "/" in path else None)}
-    if path not in names:
+def _artifact_json(store: TrackingConfig, run_id: str, stage: str) -> Any:
+    """The run's result file (``RESULTS[stage]``) read through its type, None when the run has none."""
+    path, kind = RESULTS[stage]
+    if path not in {a.path for a in tracking.client(store).list_artifacts(run_id)}:
         return None
-    return RESULTS[path].load(tracking.download(cfg.tracking, run_id, path))
+    return kind.load(tracking.download(store, run_id, path))
+
+
+def _logged_config(store: TrackingConfig, pipeline_run: str) -> PipelineConfig | None:
+    """The experiment file a pipeline run logged (``config.yaml``), None when it logged none."""
+    names = {a.path for a in tracking.client(store).list_artifacts(pipeline_run)}
+    return (load_config(PipelineConfig, tracking.download(store, pipeline_run, "config.yaml"))
+            if "config.yaml" in names else None)
 
 
 def pipeline_settings(cfg: ReportConfig) -> tuple[list[str], dict[str, str], int, list[str], tables.Methods]:
     """``(claims, sweep, bootstrap, matrix keys, methods)``: this config's, else the pipeline run's logged
-    config's; what the file says of its methods always comes from the logged config."""
-    names = {a.path for a in tracking.client(cfg.tracking).list_artifacts(cfg.run)}
-    logged = (load_config(PipelineConfig, tracking.download(cfg.tracking, cfg.run, "config.yaml"))
-              if "config.yaml" in names else None)
-    claim_ids = cfg.claims if cfg.claims is not None else (logged.claims if logged else [])
-    axes = cfg.sweep if cfg.sweep is not None else (logged.sweep if logged else {})
-    resamples = cfg.bootstrap or (logged.bootstrap if logged else 1000)
-    return claim_ids, axes, resamples, list(logged.matrix) if logged else [], tables.Methods.of(logged)
+    config's; what the files say of their methods always comes from the logged configs (every source's)."""
+    logged = [_logged_config(store, run) for store, run in cfg.sources]
+    first = logged[0]
+    claim_ids = cfg.claims if cfg.claims is not None else (first.claims if first else [])
+    axes = cfg.sweep if cfg.sweep is not None else (first.sweep if first else {})
+    resamples = cfg.bootstrap or (first.bootstrap if first else 1000)
+    return claim_ids, axes, resamples, list(first.matrix) if first else [], tables.Methods.of(*logged)
 
 
-def gather(cfg: ReportConfig, out: Path, matrix_keys: list[str]) -> tuple[dict, dict, dict, list]:
-    """``(evaluations, searches, HeadScale runs, pretrain runs)``; the first three are ``point -> method -> seed
-    -> results``, a point being the run's matrix values ``((key, value), ...)``, ``()`` without a matrix."""
+def gather(cfg: ReportConfig, out: Path, matrix_keys: list[str]) -> tuple[dict, dict, dict, dict, list]:
+    """``(evaluations, searches, HeadScale runs, synthetic grids, pretrain runs)`` of every source; the first four
+    are ``point -> method -> seed -> results``, a point being the run's matrix values ``((key, value), ...)``,
+    ``()`` without a matrix. A (point, method, seed) that two sources both hold is a ``ValueError``: which one the report shows
+    must not depend on the order of ``also``."""
     evals: dict = defaultdict(lambda: defaultdict(dict))
     searches: dict = defaultdict(lambda: defaultdict(dict))
     tuned: dict = defaultdict(lambda: defaultdict(dict))
-    pretrains, first_seed = [], None
-    for run, key in pipeline_runs(cfg):
-        first_seed = key.seed if first_seed is None else first_seed
-        values = dict(key.point)
-        point = tuple((k, values[k]) for k in matrix_keys if k in values) if matrix_keys else key.point
-        if key.stage == "evaluate" and (results := _artifact_json(cfg, run.info.run_id, "results.json")):
-            evals[point][key.method][key.seed] = results
-        elif key.stage == "scale-search" and (summary := _artifact_json(cfg, run.info.run_id, "scale_search.json")):
-            searches[point][key.method][key.seed] = summary
-        elif key.stage == "headscale" and (table := _artifact_json(cfg, run.info.run_id, "headscale.json")):
-            tuned[point][key.method][key.seed] = table  # read by the claims only (Fig 5)
-        elif key.stage == "pretrain" and run.info.run_id not in {r.info.run_id for r in pretrains}:
-            pretrains.append(run)  # once, though steps at several points may share one model
-        if key.seed == first_seed:  # their own figures (Fig 5, synthetic accuracy) from the first replicate
-            _copy_pngs(cfg, run, out, key.method)
-    return evals, searches, tuned, pretrains
+    grids: dict = defaultdict(lambda: defaultdict(dict))
+    pretrains, first_seed, origin = [], None, {}
+    for source, (store, pipeline_run) in enumerate(cfg.sources):
+        for run, key in pipeline_runs(store, pipeline_run):
+            first_seed = key.seed if first_seed is None else first_seed
+            values = dict(key.point)
+            point = tuple((k, values[k]) for k in matrix_keys if k in values) if matrix_keys else key.point
+            found = {"evaluate": evals, "scale-search": searches, "headscale": tuned,  # HeadScale: the claims' (Fig 5)
+                     "synthetic-grid": grids}.get(key.stage)
+            if found is not None and (result := _artifact_json(store, run.info.run_id, key.stage)):
+                place = (key.stage, point, key.method, key.seed)
+                if origin.setdefault(place, source) != source:
+                    raise ValueError(f"pipeline runs {cfg.sources[origin[place]][1]} and {pipeline_run} both hold "
+                                     f"{key.stage} {key.method!r} seed {key.seed}: report each alone, or drop one "
+                                     f"from also")
+                found[point][key.method][key.seed] = result
+            elif key.stage == "pretrain" and run.info.run_id not in {r.info.run_id for r in pretrains}:
+                pretrains.append(run)  # once, though steps at several points may share one model
+            if key.seed == first_seed:  # their own figures (Fig 5, synthetic accuracy) from the first replicate
+                _copy_pngs(store, run, out, key.method)
+    return evals, searches, tuned, grids, pretrains
 
 
 def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int,
@@ -116,7 +126,8 @@ def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int,
     sections = [tables.claims_table(outcomes) if outcomes else "",
                 tables.ppl_tables(evals, methods.paper_rows("table2")) if evals else "", tables.bucket_table(evals),
                 tables.ablation_table(evals, outcomes, methods.paper_rows("table4")), tables.passkey_table(evals),
-                tables.longctx_table(evals), tables.paired_table(evals, resamples, methods.reference),
+                tables.longctx_table(evals),
+                *(tables.paired_table(evals, resamples, reference) for reference in methods.references),
                 *(tables.search_section(method, by_seed) for method, by_seed in searches.items())]
     figures: dict[str, Any] = {}
     for by_seed in searches.values():
@@ -138,7 +149,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     claim_ids, axes, resamples, matrix_keys, methods = pipeline_settings(cfg)
     pipeline = tracking.client(cfg.tracking).get_run(cfg.run)
-    evals, searches, tuned, pretrains = gather(cfg, out, matrix_keys)
+    evals, searches, tuned, grids, pretrains = gather(cfg, out, matrix_keys)
     points = sorted(set(evals) | set(searches))
     runs_by_point = {p: {**tuned.get(p, {}), **searches.get(p, {}), **evals.get(p, {})} for p in points}
     sections, figures = [], {}
@@ -155,6 +166,10 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
                 point_figures = {f"{_slug(point)}-{n}": f for n, f in point_figures.items()}
             sections += point_text
             figures.update(point_figures)
+    if cells := [cell for point in grids.values() for by_seed in point.values() for grid in by_seed.values()
+                 for cell in grid.runs]:  # paper 002: every grid's cells pooled (a study may span several files)
+        sections += [synthetic_claims.claims_table(synthetic_claims.evaluate_claims(cells, resamples)),
+                     synthetic_claims.exact_match_table(cells, resamples)]
     sections.append(tables.recipe_section(pretrains))
     for name, fig in figures.items():
         if fig is not None:
@@ -162,11 +177,13 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
             plots.plt.close(fig)
     sections += [md.read_text() for md in sorted(out.glob("*.md")) if md.name != "report.md"]
     pngs = sorted(p.name for p in out.glob("*.png"))
-    text = (f"# Report: pipeline `{pipeline.info.run_name}` (run {cfg.run})\n\n"
+    together = "".join(f", with pipeline `{tracking.client(store).get_run(run).info.run_name}` (run {run})"
+                       for store, run in cfg.sources[1:])
+    text = (f"# Report: pipeline `{pipeline.info.run_name}` (run {cfg.run}){together}\n\n"
             + "\n\n".join(s for s in sections if s)
             + "\n\n## Plots\n\n" + "\n".join(f"![{p}]({p})" for p in pngs) + "\n")
     (out / "report.md").write_text(text)
-    (out / "report.html").write_text(report_html(text, out, f"Report: {pipeline.info.run_name}"))
+    (out / "report.html").write_text(markdown.html_page(text, out, f"Report: {pipeline.info.run_name}"))
     # Into the pipeline's own run (no run of its own): a rerun overwrites the same artifacts and metrics.
     tracking.log_artifacts(cfg.tracking, cfg.run, out, "report")
     logged = tracking.client(cfg.tracking).get_run(cfg.run).data.metrics
@@ -224,25 +241,6 @@ def passkey_figure(evals: dict):
     return plots.passkey_heatmaps(panels) if panels else None
 
 
-def report_html(markdown_text: str, folder: Path, title: str) -> str:
-    """The report as one self-contained HTML page (tables, and the PNGs embedded as data URIs), so MLflow's
-    artifact viewer and a browser show it whole without the neighbouring files."""
-    body = markdown.markdown(markdown_text, extensions=["tables"])
-
-    def embed(match: re.Match) -> str:
-        png = folder / html.unescape(match.group(1))
-        if not png.is_file():
-            return match.group(0)
-        return f'src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"'
-
-    body = re.sub(r'src="([^"]+\.png)"', embed, body)
-    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;line-height:1.4}"
-             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:3px 8px;"
-             "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}")
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>\n{body}\n</body></html>\n")
-
-
 def comparison_metrics(evals: dict) -> dict[str, float]:
     """Per-method headline numbers for the pipeline run, so MLflow's runs table compares pipelines at a
     glance: ``<method>/test/len<N>/ppl`` (primary corpus; exp of the mean log-PPL over seeds) and
@@ -262,18 +260,18 @@ def comparison_metrics(evals: dict) -> dict[str, float]:
     return out
 
 
-def _copy_pngs(cfg: ReportConfig, run, out: Path, method: str) -> None:
+def _copy_pngs(store: TrackingConfig, run, out: Path, method: str) -> None:
     """Bring the PNGs that HeadScale and synthetic runs made themselves (Fig 5, per-length accuracy)."""
     if run.data.tags.get("stage") not in ("headscale", "synthetic-grid", "synthetic"):
         return
-    client = tracking.client(cfg.tracking)
+    client = tracking.client(store)
     for folder in (None, "plots", "headscale"):
         for artifact in client.list_artifacts(run.info.run_id, folder):
             if artifact.path.endswith(".png"):
-                local = tracking.download(cfg.tracking, run.info.run_id, artifact.path)
+                local = tracking.download(store, run.info.run_id, artifact.path)
                 shutil.copy(local, out / f"{method.replace(' ', '_')}-{Path(artifact.path).name}")
             elif artifact.path.endswith(".md"):
-                text = tracking.download(cfg.tracking, run.info.run_id, artifact.path).read_text()
+                text = tracking.download(store, run.info.run_id, artifact.path).read_text()
                 (out / f"{method.replace(' ', '_')}-{Path(artifact.path).name}").write_text(text)
 
 

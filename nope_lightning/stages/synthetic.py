@@ -39,10 +39,10 @@ from torchmetrics import MeanMetric
 
 from nope_lightning import tracking
 from nope_lightning.config.parts import ModelConfig
-from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig
+from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, sequence_tokens
 from nope_lightning.eval.generate import greedy_decode
 from nope_lightning.model.gpt import GPT, count_parameters
-from nope_lightning.results.synthetic import BucketAccuracy, Failure, SyntheticCell
+from nope_lightning.results.synthetic import BucketAccuracy, Failure, SyntheticCell, problems_digest
 from nope_lightning.synthetic import Example, Vocabulary, analysis, exact_match, length_bucket, make_split
 from nope_lightning.training.module import CausalLM, lm_loss
 from nope_lightning.training.trainer import build_trainer, check_strategy
@@ -91,7 +91,7 @@ class SyntheticData(LightningDataModule):
 
     def longest_sequence(self, examples: Sequence[Example]) -> int:
         """Tokens of the longest ``<bos> prompt <sep> target <eos>`` among ``examples``."""
-        return max(len(e.prompt) + len(e.target) + 3 for e in examples)
+        return max(map(sequence_tokens, examples))
 
     def train_dataloader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.cfg.seed)
@@ -211,14 +211,24 @@ class Trained(NamedTuple):
     data: SyntheticData
 
 
+def build_model(cfg: SyntheticConfig, data: SyntheticData) -> GPT:
+    """The run's GPT, initialised from ``cfg.seed``: same seed, same initial weights for every PE (the
+    PE-specific tables are created last)."""
+    seed_everything(cfg.seed, verbose=False)
+    return GPT(cfg.model, len(data.vocab), train_len=data.longest_sequence(data.train))
+
+
+def save_weights(model: GPT, path: Path) -> None:
+    """``model``'s weights as one safetensors file (read back with ``safetensors.torch.load_file``)."""
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(path))
+
+
 def train_and_evaluate(cfg: SyntheticConfig) -> Trained:
     """Train, select on ID validation, decode ID + OOD, log everything to a new MLflow run."""
     check_strategy(cfg.trainer)
     data = SyntheticData(cfg)
     check_fits(data, cfg.model, cfg.eval.extra_new_tokens)
-    seed_everything(cfg.seed, verbose=False)
-    # Same seed, same initial weights for every PE: the PE-specific tables are created last.
-    model = GPT(cfg.model, len(data.vocab), train_len=data.longest_sequence(data.train))
+    model = build_model(cfg, data)
     module = SyntheticLM(model, cfg, data)
     logger = tracking.lightning_logger(cfg.tracking, "synthetic", cfg.run_name)
     tracking.log_config(cfg.tracking, logger.run_id, cfg)
@@ -234,13 +244,15 @@ def train_and_evaluate(cfg: SyntheticConfig) -> Trained:
     generated = [module.predictions[i] for i in range(len(data.evaluation))]
     correct = score(data.vocab, data.evaluation, generated)
     ood = [e.length > cfg.train_max for e in data.evaluation]
+    by_example = dict(zip(map(id, data.evaluation), correct, strict=True))  # by identity: unhashable
     result = SyntheticCell(
         logger.run_id, cfg.task, cfg.pos_encoding, cfg.seed, cfg.scratchpad, cfg.train_max,
         max(e.length for e in data.test), float(np.mean([ok for ok, o in zip(correct, ood, strict=True) if not o])),
         float(np.mean([ok for ok, o in zip(correct, ood, strict=True) if o])), module.best_acc, module.best_step,
         trainer.global_step, round(trained - started, 1), round(evaluated - trained, 1), count_parameters(model),
         bucket_accuracies(data.evaluation, correct, cfg.train_max, cfg.eval.bucket_width),
-        failures(data.vocab, data.evaluation, generated, correct, cfg.train_max))
+        failures(data.vocab, data.evaluation, generated, correct, cfg.train_max),
+        tuple(by_example[id(e)] for e in data.test), problems_digest(data.test))
     log_run(cfg, result, model)
     return Trained(result, model, data)
 
@@ -264,13 +276,14 @@ def log_run(cfg: SyntheticConfig, result: SyntheticCell, model: GPT) -> None:
     if cfg.log_model:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model.safetensors"
-            save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(path))
+            save_weights(model, path)
             tracking.client(cfg.tracking).log_artifact(run_id, str(path))
 
 
 def run(cfg: SyntheticConfig) -> dict[str, Any]:
-    """The ``synthetic`` stage: one (task, PE, seed); returns ``results.json``'s content."""
-    return train_and_evaluate(cfg).result.to_dict()
+    """The ``synthetic`` stage: one (task, PE, seed); returns ``results.json``'s content less ``ood_correct``
+    (per-example data, read from the file by the claims, never a value a later step references)."""
+    return {k: v for k, v in train_and_evaluate(cfg).result.to_dict().items() if k != "ood_correct"}
 
 
 # --- declared results: the registry's ``Stage.results`` (what a later step may reference; the dry run) ---
@@ -278,7 +291,8 @@ def run(cfg: SyntheticConfig) -> dict[str, Any]:
 
 def result_keys(cfg: SyntheticConfig, train_len: int | None = None) -> dict[str, type]:
     """The scalars of ``results.json`` that ``run`` returns, its format version included (its per-bucket
-    accuracies and errors are lists)."""
-    return {"version": int, "run_id": str, "task": str, "pos_encoding": str, "seed": int, "scratchpad": str, "train_max_len": int,
-            "test_max_len": int, "id_acc": float, "ood_acc": float, "best_val_acc": float, "best_step": int,
-            "steps": int, "train_seconds": float, "eval_seconds": float, "parameters": int}
+    accuracies and errors are lists; ``ood_correct``, one 0/1 character per test example, is no scalar)."""
+    return {"version": int, "run_id": str, "task": str, "pos_encoding": str, "seed": int, "scratchpad": str,
+            "train_max_len": int, "test_max_len": int, "id_acc": float, "ood_acc": float,
+            "best_val_acc": float, "best_step": int, "steps": int, "train_seconds": float,
+            "eval_seconds": float, "parameters": int, "test_digest": str}

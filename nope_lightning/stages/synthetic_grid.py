@@ -4,24 +4,48 @@
 ``train_and_evaluate``), then logs on the parent the OOD table (task x PE, mean over seeds), the PEs' mean
 reciprocal rank over (task, seed) with ties averaged, per-length curves per task and the attention analysis
 (``synthetic/analysis.py``).
+
+Resume: the same command again (the same resolved config, whose ``config_hash`` tags the parent) continues that
+config's newest parent, killed, failed or finished, training only the cells not finished (stderr names those reused).
+A cell is finished once its child run has the ``grid_cell`` tag, set last, after its ``results.json`` and kept
+weights: one write, so a cell killed before it is trained again and one killed after it never is (the run's status
+cannot tell: Lightning marks it FINISHED when ``fit`` ends, before the test; and a local result file would be a
+second record of what the store holds). A (task, seed)'s attention analysis, which needs all its models, is stored
+on the parent (``attention_by_seed/<task>_s<seed>.json``); until then its finished cells' weights are kept under
+``mlruns/checkpoints/synthetic-grid/<parent run>/`` (beside the artifact root; ``log_model`` may be off).
 """
 
 from __future__ import annotations
 
 import itertools
+import shutil
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from nope_lightning import tracking
-from nope_lightning.config.parts import TrainerConfig
-from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticGridConfig
-from nope_lightning.results.synthetic import SyntheticCell, SyntheticGridResult, TaskAttention
-from nope_lightning.stages.synthetic import SyntheticData, Trained, metric_prefix, train_and_evaluate
+from nope_lightning.config.parts import TrackingConfig, TrainerConfig
+from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, SyntheticGridConfig
+from nope_lightning.results.synthetic import SeedAttention, SyntheticCell, SyntheticGridResult, TaskAttention
+from nope_lightning.stages.synthetic import (
+    SyntheticData,
+    Trained,
+    build_model,
+    metric_prefix,
+    save_weights,
+    train_and_evaluate,
+)
 from nope_lightning.synthetic import analysis
+
+GRID_TAG = "grid_hash"  # on the parent: the config's hash, by which running it again finds it
+CELL_TAG = "grid_cell"  # on a child, set last: ``cell_key``, once all the grid needs of the cell is stored
+ATTENTION_DIR = "attention_by_seed"  # the parent's folder of (task, seed) attention analyses
 
 
 def analysis_device(cfg: TrainerConfig) -> torch.device:
@@ -141,22 +165,135 @@ def log_attention(grid: SyntheticGridConfig, parent: str, reports: dict[tuple[st
     return out
 
 
-def run(cfg: SyntheticGridConfig) -> dict[str, Any]:
-    """The ``synthetic-grid`` stage: every (task, PE, seed) as a child run, then the aggregate."""
+# --- resume (module docstring) -------------------------------------------------------------------------
+
+def grid_line(line: str) -> None:
+    print(f"synthetic-grid {line}", file=sys.stderr, flush=True)
+
+
+def cell_key(cell: SyntheticConfig) -> str:
+    """``task/pe/s<seed>``: a finished cell's ``CELL_TAG``."""
+    return f"{cell.task}/{cell.pos_encoding}/s{cell.seed}"
+
+
+def group_name(task: str, seed: int) -> str:
+    """A (task, seed)'s stored attention analysis (``<name>.json``) and folder of kept weights."""
+    return f"{task}_s{seed}"
+
+
+class Grid(NamedTuple):
+    """The parent run, ``cell key -> run id`` of its finished cells, the ``group_name``s analysed."""
+
+    parent: str
+    finished: dict[str, str]
+    analysed: set[str]
+
+
+def open_grid(cfg: SyntheticGridConfig) -> Grid:
+    """The newest parent run of this config, continued by this process, else a new one. A parent still
+    running in a live process is refused: two processes would train the same cells."""
+    track, digest = cfg.base.tracking, cfg.config_hash
+    client, experiment = tracking.client(track), tracking.experiment_id(track)
+    found = client.search_runs([experiment], f"tags.{GRID_TAG} = '{digest}'",
+                               order_by=["attributes.start_time DESC"], max_results=1)
+    if not found:
+        parent = tracking.create_run(track, "synthetic-grid", cfg.run_name, cfg)
+        client.set_tag(parent, GRID_TAG, digest)
+        return Grid(parent, {}, set())
+    parent, owner = found[0].info.run_id, found[0].data.tags.get(tracking.OWNER_TAG, "")
+    if found[0].info.status == "RUNNING" and tracking.owner_alive(owner):
+        raise ValueError(f"synthetic-grid {cfg.run_name!r} is already running as run {parent} (process {owner}); "
+                         f"wait for it, or stop it and run the same command again to resume it")
+    tracking.claim_run(track, parent)
+    children = client.search_runs([experiment], f"tags.`{tracking.PARENT_TAG}` = '{parent}'",
+                                  order_by=["attributes.start_time DESC"], max_results=50_000)  # MLflow's most
+    finished: dict[str, str] = {}
+    for child in children:  # newest first: a cell trained again (its kept weights were lost) is its newest run
+        if CELL_TAG in child.data.tags:
+            finished.setdefault(child.data.tags[CELL_TAG], child.info.run_id)
+    return Grid(parent, finished, {Path(a.path).stem for a in client.list_artifacts(parent, ATTENTION_DIR)})
+
+
+def kept_weights(cfg: SyntheticGridConfig, parent: str) -> Path:
+    """The folder of the weights kept until their (task, seed)'s attention analysis is stored."""
+    return Path(cfg.base.tracking.artifact_root).parent / "checkpoints" / "synthetic-grid" / parent
+
+
+def load_trained(cell: SyntheticConfig, result: SyntheticCell, weights: Path) -> Trained:
+    """A finished cell again, from its kept weights and its regenerated data."""
+    data = SyntheticData(cell)
+    model = build_model(cell, data)
+    model.load_state_dict(load_file(str(weights)))
+    return Trained(result, model, data)
+
+
+def run_group(cfg: SyntheticGridConfig, grid: Grid, cells: list[SyntheticConfig],
+              analyse: bool) -> tuple[list[SyntheticCell], dict[str, Trained]]:
+    """One (task, seed)'s results, training only its unfinished cells; with ``analyse`` also every PE's model
+    (a finished cell's rebuilt from its kept weights, or trained again if they are gone)."""
     track = cfg.base.tracking
-    parent = tracking.create_run(track, "synthetic-grid", cfg.run_name, cfg)
+    folder = kept_weights(cfg, grid.parent) / group_name(cells[0].task, cells[0].seed)
+    results, runs = [], {}
+    for cell in cells:
+        key, run_id = cell_key(cell), grid.finished.get(cell_key(cell))
+        weights = folder / f"{cell.pos_encoding}.safetensors"
+        if run_id is not None and (not analyse or weights.exists()):
+            grid_line(f"{key}: finished in run {run_id}, reused")
+            result = SyntheticCell.load(tracking.download(track, run_id, "results.json"))
+            if analyse:
+                runs[cell.pos_encoding] = load_trained(cell, result, weights)
+        else:
+            grid_line(f"{key}: training" + (f" again: the weights of run {run_id}, which the attention analysis "
+                                             f"needs, are gone ({weights})" if run_id else ""))
+            trained = train_and_evaluate(cell)
+            if analyse:
+                folder.mkdir(parents=True, exist_ok=True)
+                save_weights(trained.model, weights)
+                runs[cell.pos_encoding] = trained
+            tracking.client(track).set_tag(trained.result.run_id, CELL_TAG, key)
+            result = trained.result
+        results.append(result)
+    return results, runs
+
+
+def store_report(track: TrackingConfig, parent: str, task: str, seed: int, report: analysis.AttentionReport) -> None:
+    hist = {pe: counts.tolist() for pe, counts in report.hist.items()}
+    stored = SeedAttention(task, seed, TaskAttention(report.jsd, report.jsd_layers, hist, report.edges.tolist()))
+    tracking.log_json(track, parent, stored.to_dict(), f"{ATTENTION_DIR}/{group_name(task, seed)}.json")
+
+
+def stored_report(track: TrackingConfig, parent: str, task: str, seed: int) -> analysis.AttentionReport:
+    """``store_report``'s analysis back (JSON keeps every float exactly, so the aggregate is the same)."""
+    a = SeedAttention.load(tracking.download(track, parent, f"{ATTENTION_DIR}/{group_name(task, seed)}.json")).attention
+    return analysis.AttentionReport(a.jsd, a.jsd_by_layer, {pe: np.asarray(h) for pe, h in a.hist.items()},
+                                    np.asarray(a.edges))
+
+
+def run(cfg: SyntheticGridConfig) -> dict[str, Any]:
+    """The ``synthetic-grid`` stage: every (task, PE, seed) as a child run, then the aggregate; resumable."""
+    track = cfg.base.tracking
+    grid = open_grid(cfg)
+    cells = cfg.cells(grid.parent)
+    done = sum(cell_key(cell) in grid.finished for cell in cells)
+    grid_line(f"run {grid.parent}: {len(cells)} cells, {done} already finished")
     try:
         results: list[SyntheticCell] = []
         reports: dict[tuple[str, int], analysis.AttentionReport] = {}
         # One (task, seed) at a time, so only its PEs' models are held for the attention analysis.
-        for (task, seed), cells in itertools.groupby(cfg.cells(parent), key=lambda c: (c.task, c.seed)):
-            runs = {cell.pos_encoding: train_and_evaluate(cell) for cell in cells}
-            results += [trained.result for trained in runs.values()]
-            if cfg.attention_examples_per_length:
+        for (task, seed), group in itertools.groupby(cells, key=lambda c: (c.task, c.seed)):
+            analyse = bool(cfg.attention_examples_per_length) and group_name(task, seed) not in grid.analysed
+            group_results, runs = run_group(cfg, grid, list(group), analyse)
+            results += group_results
+            if analyse:
                 reports[(task, seed)] = analyse_cell(runs, cfg)
-        summary = log_grid(cfg, parent, results, reports)
+                store_report(track, grid.parent, task, seed, reports[(task, seed)])
+                shutil.rmtree(kept_weights(cfg, grid.parent) / group_name(task, seed), ignore_errors=True)
+            elif cfg.attention_examples_per_length:
+                reports[(task, seed)] = stored_report(track, grid.parent, task, seed)
+        summary = log_grid(cfg, grid.parent, results, reports)
     except BaseException:
-        tracking.end_run(track, parent, "FAILED")
+        tracking.end_run(track, grid.parent, "FAILED")
         raise
-    tracking.end_run(track, parent)
+    shutil.rmtree(kept_weights(cfg, grid.parent), ignore_errors=True)  # what a kill left after an analysis
+    tracking.end_run(track, grid.parent)
     return summary.to_dict()

@@ -52,6 +52,10 @@ P_CALL_ARGUMENT = 0.25  # P(an argument is a function call rather than a string)
 STRING_LENGTHS = (2, 3, 4, 5)
 MAX_OUTPUT = 100
 MAX_REDRAWS = 1000
+#: The most functions a program may have: sampling and interpreting recurse once per nesting level, and a program
+#: of n functions nests up to n deep (2n frames to sample, n to interpret), so 100 stays far below Python's
+#: default limit of 1000 frames whatever the caller's depth; it is about 3x the paper's longest test program (35).
+MAX_FUNCTIONS = 100
 
 
 def interpret(program: list[str]) -> list[str]:
@@ -124,8 +128,10 @@ def _sample_argument(rng: random.Random, calls: int) -> list[str]:
 
 def make_pcfg(rng: random.Random, length: int) -> Problem:
     """``solve : <program with length functions>`` -> its output (at most ``MAX_OUTPUT`` letters)."""
-    if length < 1:
-        raise ValueError(f"a PCFG SET program has at least one function, got length {length}")
+    if not 1 <= length <= MAX_FUNCTIONS:
+        raise ValueError(f"a PCFG SET program has 1..{MAX_FUNCTIONS} functions, got length {length}")
+    for calls in range(1, length):  # the size table bottom-up: filled top-down it recursed ~7 frames per function
+        _call_mass(calls)
     for _ in range(MAX_REDRAWS):
         program = _sample_call(rng, length)
         output = interpret(program)

@@ -23,7 +23,8 @@ Choices where the paper leaves room:
   pairs of each length, so every pair is equally likely, as in the reference.
 * SCAN training draws commands uniformly (lengths weighted by how many commands have them), as in the
   re-split data; test draws each achievable length equally.
-* PCFG's test range is the productivity test set's 9-35 functions; ``test_max_len`` shortens it.
+* PCFG's test range is the productivity test set's 9-35 functions; ``test_max_len`` moves its end, up to
+  ``pcfg.MAX_FUNCTIONS`` (100).
 * Every other task draws training lengths uniformly, and every test split cycles through its lengths
   so that each length bucket gets the same number of examples (within one).
 
@@ -109,12 +110,13 @@ class TaskSpec:
         test_max = self.test_lengths[-1] if test_max_len is None else test_max_len
         if train_max < self.train_lengths.start:
             raise ValueError(f"train_max_len={train_max} is below {self.name}'s shortest training "
-                             f"length {self.train_lengths.start}")
+                             f"length {self.train_lengths.start}; set train_max_len >= {self.train_lengths.start}")
         if test_max <= train_max:
             raise ValueError(f"test_max_len={test_max} must exceed train_max_len={train_max}: "
                              "test lengths lie above the training lengths")
         if self.max_length is not None and test_max > self.max_length:
-            raise ValueError(f"test_max_len={test_max} exceeds {self.name}'s maximum length {self.max_length}")
+            raise ValueError(f"test_max_len={test_max} exceeds {self.name}'s maximum length {self.max_length}; "
+                             f"set test_max_len <= {self.max_length}")
         span = range(train_max + 1, test_max + 1) if split == "test" else range(self.train_lengths.start, train_max + 1)
         lengths = [length for length in span if self.has_length(length)]
         if not lengths:
@@ -144,7 +146,7 @@ _SPECS = [
     _algorithmic("lego", NO_VARIABLES, range(4, 9), max_length=algorithmic.LEGO_MAX_VARIABLES),
     TaskSpec("scan", scan.make_scan, scan.TOKENS, range(1, 26), range(26, 49), max_length=48,
              has_length=scan.has_length, train_weight=scan.count_of_length),
-    TaskSpec("pcfg", pcfg.make_pcfg, pcfg.TOKENS, range(1, 9), range(9, 36)),
+    TaskSpec("pcfg", pcfg.make_pcfg, pcfg.TOKENS, range(1, 9), range(9, 36), max_length=pcfg.MAX_FUNCTIONS),
 ]
 TASKS: dict[str, TaskSpec] = {spec.name: spec for spec in _SPECS}
 

@@ -1,0 +1,398 @@
+"""Paper 002's claims (Kazemnejad et al. 2023) as data, tested on synthetic-grid cells as ``claims.py`` tests paper
+001's: an effect per seed, a 95 % interval across seeds that the verdict reads (``claims.verdict``), a prediction
+interval for one new seed, and an evaluation-only interval (models held fixed; never read by a verdict). Input: the
+``SyntheticCell``s of one or more grids, one per (task, scratchpad, PE, seed). Accuracies are exact match in [0, 1],
+out of distribution (OOD: the test split) unless named ID (the validation split, training lengths).
+
+Choices where the paper leaves room:
+
+* **MRR**: one query per (task, seed), scored by OOD exact match, the paper's five PEs ranked, tied PEs sharing their
+  average rank (``synthetic.analysis.mrr_with_ties``): exact match ties often (0 on hard tasks, 1 on easy ones), and
+  the reference's row-order tie-break hands each tie to the PE listed first. Claims rank the tasks passing the ID
+  precondition; ``mrr_intervals`` (beside the paper's numbers) ranks every task, as the paper does.
+* **The best rival** is picked inside the data a statistic sees (a seed, a resample): "NoPE minus the best other PE"
+  of the same models. A maximum over rivals leans towards them, so this errs against the claimed PE.
+* **ID precondition**: an OOD difference means nothing for a PE that never learned the task: a task is compared only
+  when every compared PE's ID exact match (mean over seeds) is >= ``ID_FLOOR``; the others are listed, and with none
+  left the claim is *untestable*, their ID accuracies in the reason.
+* **Intervals**: MRR claims resample seeds and tasks, crossed (``stats.crossed_bootstrap``; with 3 seeds the seed
+  factor has 10 distinct draws, narrower than a t interval by about sqrt(2/3) in its seed part); the others take
+  Student's t (df = n - 1) over per-seed effects (each a mean over tasks), as paper 001's. Evaluation only: a bootstrap of each
+  (task, seed)'s test examples, one draw for all its cells (paired example by example), which must share one test
+  split (``test_digest``), else the comparison is *not measured*.
+* **Scratchpad**: per task, OOD exact match with a full scratchpad minus without, mean over the PEs run in both.
+  "Some tasks and not others" needs one task's t interval above 0 and another's wholly at or below 0: were an
+  interval across 0 enough for "not", noise alone would make the claim come true.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from nope_lightning.analysis.claim_tests import NotMeasured
+from nope_lightning.analysis.claims import NO_SEED_VERDICT, Outcome, verdict
+from nope_lightning.analysis.paper import SYNTHETIC_MRR, Claim, Precondition
+from nope_lightning.analysis.stats import (
+    Interval,
+    bootstrap,
+    crossed_bootstrap,
+    prediction_interval,
+    t_interval,
+    wilson,
+)
+from nope_lightning.analysis.tables import MISSING, cell, markdown_table
+from nope_lightning.config.synthetic import PAPER_NAMES
+from nope_lightning.results.synthetic import SyntheticCell
+from nope_lightning.synthetic.analysis import mrr_with_ties
+from nope_lightning.synthetic.sequence import COPY_REVERSE_TASKS
+
+RANKED = tuple(SYNTHETIC_MRR)  # the PEs the paper's MRR ranks, NoPE first
+EXPLICIT = RANKED[1:]
+PRIMITIVE_TASKS = tuple(COPY_REVERSE_TASKS)  # the copy/reverse variants
+#: ID exact match a PE needs on a task before its OOD exact match is compared there (mean over seeds).
+ID_FLOOR = 0.9
+#: The smallest OOD exact-match difference we call an effect: about the 95 % half-width of one cell's exact match
+#: at the default 400 test examples (Wilson at p = 0.5: +-0.049), so a smaller difference is one cell's noise.
+EM_EFFECT = 0.05
+NONE, FULL = "none", "full"  # the scratchpad formats the claims read
+
+
+@dataclass(frozen=True)
+class SyntheticClaim(Claim):
+    """A claim of paper 002 as paper 001's ``Claim`` (its ``rule``, ``claims.verdict`` and ``Outcome`` apply).
+    ``test``: this module's statistic (``mrr_margin``, ``ood_margin``, ``scratchpad_split``); ``methods``: the PEs it
+    reads, the claimed one first; ``rivals``: those it is measured against (effect: its value minus the best rival's);
+    ``tasks``: its tasks (empty: all); ``preconditions``: ``id_exact_match_at_least``, applied task by task."""
+
+    rivals: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ()
+
+    @property
+    def rule(self) -> str:
+        if self.test == "scratchpad_split":
+            return "a task's effect > 0 and another's <= 0 (t intervals)"
+        return super().rule
+
+
+def _id_floor(pes: tuple[str, ...]) -> tuple[Precondition, ...]:
+    return (Precondition("id_exact_match_at_least", pes, ID_FLOOR),)
+
+
+def _paper_mrr(pes: Sequence[str]) -> str:
+    return "MRR " + ", ".join(f"{PAPER_NAMES[pe]} {SYNTHETIC_MRR[pe]:.2f}" for pe in pes)
+
+
+_T5_RANKED = ("t5", "nope", "alibi", "rope", "sinusoidal")
+# The MRR claims are orderings ("highest"), so their threshold is 0: any margin whose interval over tasks and seeds
+# excludes 0 is an ordering; an OOD exact-match difference must clear ``EM_EFFECT``.
+SYNTHETIC_CLAIMS: tuple[SyntheticClaim, ...] = (
+    # Abstract: "NoPE outperforms other explicit positional encoding methods while requiring no additional
+    # computation"; the paper ranks the PEs by their MRR over tasks and seeds.
+    SyntheticClaim("nope_highest_mrr", "NoPE has the highest MRR over (task, seed) queries (its MRR minus the best "
+                   "other PE's)", _paper_mrr(RANKED), "mrr_margin", RANKED, unit="(MRR)",
+                   preconditions=_id_floor(RANKED), rivals=EXPLICIT),
+    # Abstract: "the most commonly used positional encoding methods, such as ALiBi, Rotary, and APE, are not well
+    # suited for length generalization"; on copy_repeat the paper's OOD exact match is NoPE 0.99, Rotary and APE 0.00.
+    SyntheticClaim("nope_beats_ape_rotary_on_primitives", "NoPE beats APE and Rotary out of distribution on the "
+                   "copy/reverse tasks (OOD exact match minus the better of the two's, mean over the tasks)",
+                   "copy_repeat: NoPE 0.99, Rotary 0.00, APE 0.00", "ood_margin", ("nope", "sinusoidal", "rope"),
+                   threshold=EM_EFFECT, unit="(exact match)", preconditions=_id_floor(("nope", "sinusoidal", "rope")),
+                   rivals=("sinusoidal", "rope"), tasks=PRIMITIVE_TASKS),
+    # The paper's MRR ranking puts T5's relative bias first among the explicit PEs (0.55, then ALiBi 0.50), and its
+    # abstract finds NoPE's attention "mostly resembles T5's relative PE attention patterns".
+    SyntheticClaim("t5_best_explicit_mrr", "T5's relative bias has the highest MRR among the explicit PEs (its MRR "
+                   "minus the best of ALiBi's, Rotary's and APE's)", _paper_mrr(EXPLICIT), "mrr_margin", _T5_RANKED,
+                   unit="(MRR)", preconditions=_id_floor(_T5_RANKED), rivals=("alibi", "rope", "sinusoidal")),
+    # Abstract: "NoPE outperforms other explicit positional encoding methods"; its weakest form, tested on the mean
+    # over tasks: no explicit PE is better by more than the effect floor.
+    SyntheticClaim("no_explicit_pe_beats_nope", "no explicit PE beats NoPE on average (NoPE's OOD exact match, mean "
+                   "over tasks, minus the best explicit PE's)", "NoPE outperforms the explicit PEs", "ood_margin",
+                   RANKED, threshold=-EM_EFFECT, unit="(exact match)", preconditions=_id_floor(RANKED),
+                   rivals=EXPLICIT),
+    # Abstract: "scratchpad is not always helpful to solve length generalization and its format highly impacts the
+    # model's performance". Tested only where the results hold full-scratchpad cells (``conditional``).
+    SyntheticClaim("scratchpad_helps_some_tasks", "a full scratchpad helps some tasks and not others (per task: OOD "
+                   "exact match with it minus without, mean over the PEs run in both formats)",
+                   "scratchpad is not always helpful", "scratchpad_split", RANKED, unit="(exact match)",
+                   preconditions=_id_floor(RANKED), conditional=True),
+)
+
+
+@dataclass(frozen=True)
+class SyntheticOutcome(Outcome):
+    """``claims.Outcome`` with the tasks the effect is computed over and those left out (task, why). The scratchpad
+    claim's has one outcome per task in ``by_task`` (the verdict of "it helps this task"; ``interval``: the
+    evaluation-only interval, None without per-example results) and no interval of its own."""
+
+    tasks: tuple[str, ...] = ()
+    left_out: tuple[tuple[str, str], ...] = ()
+    by_task: tuple[SyntheticOutcome, ...] = ()
+
+
+# --- the cells ------------------------------------------------------------------------------------------------
+
+Column = tuple[str, str]  # (scratchpad, PE)
+
+
+def exact_match(result: SyntheticCell, split: str) -> Interval:
+    """One cell's exact match on ``split`` ("id": its validation examples, "ood": its test examples) with the 95 %
+    Wilson interval over those examples."""
+    buckets = [b for b in result.buckets if b.split == split]
+    return wilson(sum(round(b.acc * b.n) for b in buckets), sum(b.n for b in buckets))
+
+
+class CellIndex:
+    """The cells by (task, scratchpad, PE, seed); two cells with one key are an error."""
+
+    def __init__(self, cells: Iterable[SyntheticCell]) -> None:
+        self.cells: dict[tuple[str, str, str, int], SyntheticCell] = {}
+        for c in cells:
+            key = (c.task, c.scratchpad, c.pos_encoding, c.seed)
+            if key in self.cells:
+                raise ValueError(f"two results for {key} (runs {self.cells[key].run_id} and {c.run_id})")
+            self.cells[key] = c
+
+    def tasks(self, scratchpad: str) -> list[str]:
+        """The tasks run with ``scratchpad``, in the order the cells came."""
+        return list(dict.fromkeys(task for task, s, _, _ in self.cells if s == scratchpad))
+
+    def seeds(self, scratchpad: str, tasks: Sequence[str]) -> list[int]:
+        return sorted({seed for task, s, _, seed in self.cells if s == scratchpad and task in tasks})
+
+    def grid(self, tasks: Sequence[str], seeds: Sequence[int], columns: Sequence[Column]) -> np.ndarray:
+        """The cells as an object array (seeds, tasks, columns). ``NotMeasured`` when one is missing, or when the
+        cells of a (task, seed) were not scored on one test split (different ``test_digest``s or test sizes)."""
+        keys = [(task, pad, pe, seed) for seed in seeds for task in tasks for pad, pe in columns]
+        if missing := [k for k in keys if k not in self.cells]:
+            raise NotMeasured(f"{len(missing)} cells missing, e.g. (task, scratchpad, PE, seed) = {missing[0]}")
+        grid = np.array([self.cells[k] for k in keys], dtype=object).reshape(len(seeds), len(tasks), len(columns))
+        for s, t in np.ndindex(grid.shape[:2]):
+            splits = {(c.test_digest, sum(b.n for b in c.buckets if b.split == "ood")) for c in grid[s, t]}
+            if len({n for _, n in splits}) > 1 or len({d for d, _ in splits if d}) > 1:
+                raise NotMeasured(f"{tasks[t]}, seed {seeds[s]}: its cells were scored on different test examples "
+                                  f"(digest, size: {sorted(splits)}), so no difference between them is paired")
+        return grid
+
+
+def _accuracy(grid: np.ndarray, split: str) -> np.ndarray:
+    """Exact match of each cell of ``grid`` on ``split`` ("id" or "ood"), same shape, float."""
+    return np.vectorize(lambda c: c.ood_acc if split == "ood" else c.id_acc, otypes=[float])(grid)
+
+
+# --- statistics: accuracies (..., seeds, tasks, columns) --------------------------------------------------------
+
+
+def _mrr(acc: np.ndarray) -> np.ndarray:
+    """MRR of each column over the queries of ``acc`` (..., queries, columns) -> (..., columns)."""
+    flat = acc.reshape(-1, *acc.shape[-2:])
+    mrr = [list(mrr_with_ties({str(c): a[:, c] for c in range(a.shape[1])}).values()) for a in flat]
+    return np.asarray(mrr).reshape(*acc.shape[:-2], acc.shape[-1])
+
+
+def _margin(value: np.ndarray, rivals: Sequence[int]) -> np.ndarray:
+    """Column 0 (the claimed PE) minus the best of the ``rivals`` columns, over the last axis."""
+    return value[..., 0] - value[..., list(rivals)].max(-1)
+
+
+def _paired_bootstrap(grid: np.ndarray, pooled: Callable[[np.ndarray], np.ndarray], resamples: int) -> Interval | None:
+    """Evaluation-only interval of ``pooled`` (accuracies (R, seeds, tasks, columns) -> (R,)): each (seed, task)'s
+    test examples are drawn once for all its cells (one ``stats.bootstrap`` stratum), so the cells stay paired
+    example by example. None when a cell has no per-example record (a version-1 result)."""
+    if any(not c.ood_correct for c in grid.flat):
+        return None
+    n_seeds, n_tasks, n_columns = grid.shape
+    strata = [np.column_stack([*(np.asarray(c.ood_correct, dtype=float) for c in grid[s, t]),
+                               np.ones(len(grid[s, t, 0].ood_correct))]) for s, t in np.ndindex(n_seeds, n_tasks)]
+
+    def statistic(sums: np.ndarray) -> np.ndarray:  # (R, strata, columns + 1): correct counts, then examples drawn
+        return pooled((sums[..., :n_columns] / sums[..., n_columns:]).reshape(-1, n_seeds, n_tasks, n_columns))
+
+    return bootstrap(strata, statistic, resamples)
+
+
+# --- claims ----------------------------------------------------------------------------------------------------
+
+
+def _passing(claim: SyntheticClaim, grid: np.ndarray, tasks: Sequence[str], columns: Sequence[Column]
+             ) -> tuple[list[int], list[tuple[str, str]]]:
+    """The indices of the tasks where every compared PE meets the claim's ID floor (mean over seeds), and the
+    other tasks as (task, the ID exact matches below it)."""
+    ids, kept, left_out = _accuracy(grid, "id").mean(0), [], []  # ids: (tasks, columns)
+    for t, task in enumerate(tasks):
+        low = [f"{PAPER_NAMES.get(pe, pe)}{'' if pad == NONE else f' ({pad})'} ID {ids[t, c]:.2f} < {floor.value:g}"
+               for floor in claim.preconditions for c, (pad, pe) in enumerate(columns)
+               if pe in floor.methods and ids[t, c] < floor.value]
+        if low:
+            left_out.append((task, ", ".join(low)))
+        else:
+            kept.append(t)
+    return kept, left_out
+
+
+def _compare(claim: SyntheticClaim, index: CellIndex, resamples: int) -> SyntheticOutcome:
+    """A PE-vs-PE claim (``mrr_margin``, ``ood_margin``) on the cells without a scratchpad."""
+    tasks = [t for t in index.tasks(NONE) if not claim.tasks or t in claim.tasks]
+    if not tasks:
+        raise NotMeasured(f"the results hold none of its tasks ({', '.join(claim.tasks)})")
+    seeds, columns = index.seeds(NONE, tasks), [(NONE, pe) for pe in claim.methods]
+    grid = index.grid(tasks, seeds, columns)
+    kept, left_out = _passing(claim, grid, tasks, columns)
+    if not kept:
+        return SyntheticOutcome(claim, "untestable", reason="no task passes the ID precondition: " + "; ".join(
+            f"{t}: {why}" for t, why in left_out), left_out=tuple(left_out))
+    grid, rivals, mrr = grid[:, kept], [claim.methods.index(pe) for pe in claim.rivals], claim.test == "mrr_margin"
+    acc = _accuracy(grid, "ood")
+    per_seed = _margin(_mrr(acc) if mrr else acc.mean(-2), rivals)  # a seed's tasks: its queries, or its mean
+
+    def pooled(a: np.ndarray) -> np.ndarray:  # (R, seeds, tasks, columns) -> (R,)
+        if mrr:  # every (seed, task) one query of one ranking
+            return _margin(_mrr(a.reshape(a.shape[0], -1, a.shape[-1])), rivals)
+        return _margin(a.mean(-2), rivals).mean(-1)  # the mean of the per-seed effects
+
+    if mrr:  # a resample of queries keeps each query's reciprocal ranks (seeds, tasks, columns): computed once
+        across = crossed_bootstrap(_mrr(acc[..., None, :]), lambda m: _margin(m, rivals), resamples)
+    else:
+        across = t_interval(per_seed)
+    across = replace(across, per_seed=tuple(per_seed.tolist()))
+    # without per-example results (version-1 cells) the evaluation-only interval is the estimate, unbounded
+    evaluation = _paired_bootstrap(grid, pooled, resamples) or Interval(float(pooled(acc[None])[0]), math.nan, math.nan)
+    return SyntheticOutcome(claim, verdict(claim, across), replace(evaluation, per_seed=across.per_seed),
+                            tuple(seeds), across=across, prediction=prediction_interval(per_seed),
+                            tasks=tuple(tasks[t] for t in kept), left_out=tuple(left_out))
+
+
+def _scratchpad(claim: SyntheticClaim, index: CellIndex, resamples: int) -> SyntheticOutcome:
+    """The scratchpad claim: each task's full-minus-none effect, then whether some help and others do not."""
+    tasks = [t for t in index.tasks(FULL) if t in index.tasks(NONE)]
+    if not tasks:
+        raise NotMeasured("the results hold no task run both with a full scratchpad and without one")
+    effects, left_out = [], []
+    for task in tasks:
+        seeds = index.seeds(FULL, [task])
+        pes = [pe for pe in claim.methods
+               if all((task, pad, pe, seed) in index.cells for pad in (FULL, NONE) for seed in seeds)]
+        if not pes:
+            left_out.append((task, "no PE run in both formats in every seed"))
+            continue
+        columns = [(FULL, pe) for pe in pes] + [(NONE, pe) for pe in pes]
+        grid = index.grid([task], seeds, columns)
+        kept, failed = _passing(claim, grid, [task], columns)
+        left_out += failed
+        if not kept:
+            continue
+
+        def effect(a: np.ndarray, n: int = len(pes)) -> np.ndarray:  # (..., seeds, 1, 2n) -> (..., seeds)
+            return (a[..., :n] - a[..., n:]).mean(-1)[..., 0]
+
+        across = t_interval(effect(_accuracy(grid, "ood")))
+        evaluation = _paired_bootstrap(grid, lambda a, f=effect: f(a).mean(-1), resamples)
+        effects.append(SyntheticOutcome(claim, verdict(claim, across), evaluation, tuple(seeds), across=across,
+                                        tasks=(task,)))
+    if len(effects) < 2:
+        return SyntheticOutcome(claim, "untestable", reason=f"{len(effects)} task(s) left, some-but-not-all needs "
+                                "two: " + "; ".join(f"{t}: {why}" for t, why in left_out), left_out=tuple(left_out))
+    verdicts = {e.verdict for e in effects}
+    if verdicts == {NO_SEED_VERDICT}:
+        overall = NO_SEED_VERDICT
+    elif {"reproduced", "not reproduced"} <= verdicts:
+        overall = "reproduced"
+    else:  # helping every task, or none, fails the claim; an undecided task leaves it open
+        overall = "not reproduced" if verdicts in ({"reproduced"}, {"not reproduced"}) else "inconclusive"
+    return SyntheticOutcome(claim, overall, seeds=tuple(index.seeds(FULL, tasks)),
+                            tasks=tuple(e.tasks[0] for e in effects), left_out=tuple(left_out), by_task=tuple(effects))
+
+
+def evaluate_claims(cells: Iterable[SyntheticCell], resamples: int = 1000,
+                    claims: Sequence[SyntheticClaim] = SYNTHETIC_CLAIMS) -> list[SyntheticOutcome]:
+    """Each claim's outcome on ``cells`` (one or more grids'); a claim whose cells are missing or unpaired is *not
+    measured*, with the reason."""
+    index, outcomes = CellIndex(cells), []
+    for claim in claims:
+        try:
+            outcomes.append((_scratchpad if claim.test == "scratchpad_split" else _compare)(claim, index, resamples))
+        except NotMeasured as missing:
+            reason = str(missing) + (" (tested only where the results hold both formats)" if claim.conditional else "")
+            outcomes.append(SyntheticOutcome(claim, "not measured", reason=reason))
+    return outcomes
+
+
+def mrr_intervals(cells: Iterable[SyntheticCell], resamples: int = 1000) -> dict[str, Interval]:
+    """Each PE's MRR as the paper computes it: every (task, seed) query without a scratchpad, no ID floor, the
+    paper's PEs that the cells hold ranked; with the 95 % crossed bootstrap over tasks and seeds (``per_seed``: its
+    MRR over each seed's tasks). ``NotMeasured`` when a cell of that grid is missing."""
+    index = CellIndex(cells)
+    tasks = index.tasks(NONE)
+    pes = [pe for pe in RANKED if any(k[1:3] == (NONE, pe) for k in index.cells)]
+    acc = _accuracy(index.grid(tasks, index.seeds(NONE, tasks), [(NONE, pe) for pe in pes]), "ood")
+    per_seed, ranks = _mrr(acc), _mrr(acc[..., None, :])
+    return {pe: replace(crossed_bootstrap(ranks, lambda mrr, c=c: mrr[:, c], resamples),
+                        per_seed=tuple(per_seed[:, c].tolist())) for c, pe in enumerate(pes)}
+
+
+# --- tables ----------------------------------------------------------------------------------------------------
+
+_TASK_WORDS = {"reproduced": "helps", "not reproduced": "does not help", "inconclusive": "unclear",
+               NO_SEED_VERDICT: "1 seed"}
+
+
+def claims_table(outcomes: Sequence[SyntheticOutcome]) -> str:
+    """``tables.claims_table``'s layout for paper 002: each claim's rule, what the paper says, our effect with its
+    95 % interval across seeds (and each seed's effect), the prediction interval for one new seed, the
+    evaluation-only paired bootstrap, the tasks compared (and those left out), the seeds on the claim's side (for
+    the scratchpad claim: the tasks it helps, does not, or leaves unclear) and the verdict."""
+    show, rows = "{:+.3f}".format, []
+    for o in outcomes:
+        c = o.claim
+        tasks = ", ".join(o.tasks) + "".join(f"; left out {t}: {why}" for t, why in o.left_out) or MISSING
+        if o.by_task:
+            words = [_TASK_WORDS[e.verdict] for e in o.by_task]
+            rows.append([c.text, c.rule, c.paper, "; ".join(f"{e.tasks[0]} {cell(e.across, show)} ({w})" for e, w in
+                                                            zip(o.by_task, words, strict=True)) + f" {c.unit}",
+                         MISSING, "; ".join(f"{e.tasks[0]} {cell(e.interval, show)}" for e in o.by_task), tasks,
+                         ", ".join(f"{words.count(w)} {w}" for w in dict.fromkeys(words)), f"**{o.verdict}**"])
+        elif o.interval is None:
+            rows.append([c.text, c.rule, c.paper, f"{o.verdict}: {o.reason}", MISSING, MISSING, tasks, MISSING,
+                         f"**{o.verdict}**"])
+        else:
+            seeds = len(o.interval.per_seed)
+            ours = f"{cell(o.across, show)} {c.unit}" + (
+                f" (per seed: {' / '.join(map(show, o.interval.per_seed))})" if seeds > 1 else " (1 seed)")
+            evaluation = cell(o.interval, show) if o.interval.resamples else "none (no per-example results)"
+            rows.append([c.text, c.rule, c.paper, ours, cell(o.prediction, show) if seeds > 1 else MISSING,
+                         evaluation, tasks, f"{o.on_side} of {seeds}", f"**{o.verdict}**"])
+    return ("### Paper 002's claims, tested\n\nOOD exact match, paired: a (task, seed)'s cells share their test "
+            "examples. *ours*: the effect [95 % across seeds: MRR claims a bootstrap over tasks and seeds, the others "
+            "Student t over the per-seed effects]; *evaluation only*: a bootstrap over the test examples, models held "
+            f"fixed. A task is compared when every compared PE's ID exact match is >= {ID_FLOOR:g}. Verdicts as "
+            "paper 001's, from the interval across seeds; one seed gets none.\n\n"
+            + markdown_table(["claim", "rule", "the paper says", "ours: effect [95 % across seeds]",
+                              "one new seed [95 % prediction]", "evaluation only [95 % paired bootstrap]", "tasks",
+                              "seeds on the claim's side", "verdict"], rows))
+
+
+def exact_match_table(cells: Iterable[SyntheticCell], resamples: int = 1000) -> str:
+    """Exact match per task and PE, in distribution and out: one row per (task, scratchpad, seed), each entry that
+    cell's exact match with its 95 % Wilson interval; then each PE's MRR (``mrr_intervals``) beside the paper's."""
+    index = CellIndex(cells := list(cells))
+    pes = list(dict.fromkeys([*(pe for pe in RANKED if any(k[2] == pe for k in index.cells)),
+                              *(k[2] for k in index.cells)]))
+    parts = ["### Exact match per task and PE"]
+    for split, title in (("id", "In distribution (validation lengths)"), ("ood", "Out of distribution (test)")):
+        rows = [[task + ("" if pad == NONE else f" ({pad})"), seed, *(
+            cell(exact_match(c, split)) if (c := index.cells.get((task, pad, pe, seed))) else MISSING for pe in pes)]
+            for task, pad in dict.fromkeys((task, pad) for task, pad, _, _ in index.cells)
+            for seed in index.seeds(pad, [task])]
+        parts.append(f"#### {title}: exact match [95 % Wilson]\n\n"
+                     + markdown_table(["task", "seed", *(PAPER_NAMES.get(pe, pe) for pe in pes)], rows))
+    try:
+        rows = [[PAPER_NAMES[pe], cell(i), " / ".join(f"{v:.2f}" for v in i.per_seed), f"{SYNTHETIC_MRR[pe]:.2f}"]
+                for pe, i in mrr_intervals(cells, resamples).items()]
+        parts.append("#### Mean reciprocal rank over (task, seed) queries, ties averaged, every task\n\n"
+                     + markdown_table(["PE", "ours [95 % bootstrap, tasks x seeds]", "per seed", "paper 002"], rows))
+    except NotMeasured as missing:
+        parts.append(f"#### Mean reciprocal rank\n\nnot measured: {missing}")
+    return "\n\n".join(parts)

@@ -1,0 +1,310 @@
+"""Paper 002's claims on made-up grid results (``analysis.synthetic_claims``): every claim gives each verdict it can
+(an effect in every seed -> reproduced, its opposite -> not reproduced, seeds that disagree -> inconclusive, a PE
+that never learned the tasks -> untestable; one seed -> no verdict about seeds), the MRR and its crossed bootstrap
+against an enumeration by hand, Wilson against its formula, and differences paired example by example (where an
+unpaired interval would be another number). The stage records what pairing needs, checked on tiny real runs."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from nope_lightning.analysis.claims import NO_SEED_VERDICT
+from nope_lightning.analysis.stats import wilson
+from nope_lightning.analysis.synthetic_claims import (
+    EM_EFFECT,
+    PRIMITIVE_TASKS,
+    SYNTHETIC_CLAIMS,
+    CellIndex,
+    claims_table,
+    evaluate_claims,
+    exact_match,
+    exact_match_table,
+    mrr_intervals,
+)
+from nope_lightning.config import load_config
+from nope_lightning.config.synthetic import SyntheticConfig
+from nope_lightning.results import BucketAccuracy, SyntheticCell
+from nope_lightning.results.synthetic import problems_digest
+from nope_lightning.stages import synthetic as stage
+from nope_lightning.synthetic import make_split
+from tests.conftest import REPO
+
+PES = ("nope", "t5", "alibi", "rope", "sinusoidal")
+SEEDS = (0, 1, 2)
+N, N_ID = 200, 100  # test (OOD) and validation (ID) examples per cell
+RESAMPLES = 400
+CLAIM = {claim.id: claim for claim in SYNTHETIC_CLAIMS}
+
+
+def make_cell(task: str, pe: str, seed: int, correct, id_acc: float = 1.0, scratchpad: str = "none",
+              digest: str | None = None) -> SyntheticCell:
+    """A cell whose test examples are right where ``correct`` (N booleans) is, or the first ``round(correct * N)``
+    when it is an accuracy; one ID and one OOD bucket, as a run of the copy tasks would have them."""
+    right = np.arange(N) < round(correct * N) if np.isscalar(correct) else np.asarray(correct, dtype=bool)
+    ood, id_right = float(right.mean()), round(id_acc * N_ID)
+    return SyntheticCell(f"{task}/{scratchpad}/{pe}/{seed}", task, pe, seed, scratchpad, 20, 40, id_right / N_ID, ood,
+                         1.0, 100, 100, 1.0, 1.0, 1000, [BucketAccuracy("1-20", "id", N_ID, id_right / N_ID),
+                                                        BucketAccuracy("21-40", "ood", len(right), ood)],
+                         ood_correct=tuple(right.tolist()), test_digest=digest or f"{task}/seed {seed}")
+
+
+def grid(ood, tasks=("copy", "reverse", "addition", "sort"), seeds=SEEDS, id_acc=lambda task, pe: 1.0,
+         scratchpad: str = "none") -> list[SyntheticCell]:
+    """One cell per (task, PE, seed) with OOD exact match ``ood(task, pe, seed)``."""
+    return [make_cell(task, pe, seed, ood(task, pe, seed), id_acc(task, pe), scratchpad)
+            for task in tasks for pe in PES for seed in seeds]
+
+
+def outcome(claim_id: str, cells):
+    return evaluate_claims(cells, RESAMPLES, [CLAIM[claim_id]])[0]
+
+
+ORDER = {"nope": 0.8, "t5": 0.6, "alibi": 0.5, "rope": 0.3, "sinusoidal": 0.1}  # the paper's order, NoPE first
+
+
+def jitter(seed: int) -> float:
+    return 0.01 * seed  # a seed moves all its PEs together: accuracies differ by seed, effects do not
+
+
+# --- each claim, each verdict -----------------------------------------------------------------------------------
+
+# (claim, the OOD exact match of a grid where the claim holds / fails / seeds disagree); tasks are copy, reverse
+# (primitive), addition, sort.
+SCENARIOS = {
+    "nope_highest_mrr": (  # noisy: NoPE first in seeds 0 and 2, last in seed 1 (margins +0.5, -0.8, +0.5)
+        lambda t, pe, s: ORDER[pe] + jitter(s),
+        lambda t, pe, s: (0.05 if pe == "nope" else ORDER[pe]) + jitter(s),  # NoPE last everywhere
+        lambda t, pe, s: (0.05 if s == 1 else 0.95) if pe == "nope" else ORDER[pe]),
+    "nope_beats_ape_rotary_on_primitives": (
+        lambda t, pe, s: ORDER[pe] + jitter(s),
+        lambda t, pe, s: (0.2 if pe == "nope" else 0.7 if pe == "rope" else ORDER[pe]) + jitter(s),
+        lambda t, pe, s: {0: 0.8, 1: 0.0, 2: 0.4}[s] if pe == "nope" else ORDER[pe]),
+    "t5_best_explicit_mrr": (  # noisy: ALiBi above T5 in seed 1 only
+        lambda t, pe, s: ORDER[pe] + jitter(s),
+        lambda t, pe, s: (0.55 if pe == "alibi" else 0.5 if pe == "t5" else ORDER[pe]) + jitter(s),
+        lambda t, pe, s: (0.65 if s == 1 else 0.45) if pe == "alibi" else ORDER[pe]),
+    "no_explicit_pe_beats_nope": (
+        lambda t, pe, s: (0.6 + {0: 0.0, 1: 0.01, 2: 0.005}[s] if pe == "nope" else ORDER[pe]),  # NoPE ~ T5
+        lambda t, pe, s: (0.3 if pe == "nope" else ORDER[pe]) + jitter(s),
+        lambda t, pe, s: {0: 0.9, 1: 0.3, 2: 0.6}[s] if pe == "nope" else ORDER[pe]),
+}
+
+
+@pytest.mark.parametrize("claim_id", list(SCENARIOS))
+def test_a_pe_claim_is_reproduced_not_reproduced_or_inconclusive_as_the_seeds_say(claim_id):
+    present, absent, noisy = (outcome(claim_id, grid(ood)) for ood in SCENARIOS[claim_id])
+    assert (present.verdict, absent.verdict, noisy.verdict) == ("reproduced", "not reproduced", "inconclusive")
+    threshold = CLAIM[claim_id].threshold
+    assert present.across.low > threshold >= absent.across.high and noisy.across.low <= threshold < noisy.across.high
+    assert len(present.across.per_seed) == 3 and present.on_side == 3 and absent.on_side == 0
+    primitive = claim_id == "nope_beats_ape_rotary_on_primitives"
+    assert present.tasks == (("copy", "reverse") if primitive else ("copy", "reverse", "addition", "sort"))
+    assert set(present.tasks) - set(PRIMITIVE_TASKS) == (set() if primitive else {"addition", "sort"})
+
+
+def test_the_effects_are_what_the_rules_say():
+    # NoPE first on every query, T5 second: MRR 1 vs 1/2; APE and Rotary at 0.1 and 0.3 against NoPE's 0.8
+    present = {o.claim.id: o for o in evaluate_claims(grid(SCENARIOS["nope_highest_mrr"][0]), RESAMPLES)}
+    assert present["nope_highest_mrr"].across.estimate == pytest.approx(1 - 1 / 2)
+    assert present["t5_best_explicit_mrr"].across.estimate == pytest.approx(1 / 2 - 1 / 3)
+    assert present["nope_beats_ape_rotary_on_primitives"].across.per_seed == pytest.approx((0.5, 0.5, 0.5))
+    assert present["no_explicit_pe_beats_nope"].across.estimate == pytest.approx(0.8 - 0.6)
+    # the no-worse claim: per seed NoPE minus T5 (the best explicit PE) = 0, 0.01, 0.005; t interval, df = 2, by hand
+    effects = np.array([0.0, 0.01, 0.005])
+    half = scipy_stats.t.ppf(0.975, 2) * effects.std(ddof=1) / math.sqrt(3)
+    across = outcome("no_explicit_pe_beats_nope", grid(SCENARIOS["no_explicit_pe_beats_nope"][0])).across
+    assert (across.estimate, across.low, across.high) == pytest.approx((effects.mean(), effects.mean() - half,
+                                                                        effects.mean() + half))
+    assert across.low > -EM_EFFECT
+
+
+@pytest.mark.parametrize("claim_id", list(SCENARIOS))
+def test_one_seed_reports_its_effect_without_a_verdict(claim_id):
+    single = outcome(claim_id, grid(SCENARIOS[claim_id][0], seeds=(0,)))
+    assert single.verdict == NO_SEED_VERDICT and single.across.per_seed == pytest.approx([single.across.estimate])
+    assert math.isnan(single.prediction.low) and single.across.estimate > CLAIM[claim_id].threshold
+
+
+@pytest.mark.parametrize("claim_id", list(SCENARIOS))
+def test_a_claim_is_untestable_when_no_task_was_learned_in_distribution(claim_id):
+    # Rotary is compared by every PE claim; at 0.62 ID exact match its OOD numbers mean nothing
+    failed = outcome(claim_id, grid(SCENARIOS[claim_id][0], id_acc=lambda task, pe: 0.62 if pe == "rope" else 1.0))
+    assert failed.verdict == "untestable" and failed.interval is None
+    assert "Rotary ID 0.62 < 0.9" in failed.reason and "copy: " in failed.reason and "reverse: " in failed.reason
+
+
+def test_a_task_failing_the_id_floor_is_left_out_and_listed():
+    # NoPE never learns addition in distribution: the comparison runs on the other three tasks only
+    cells = grid(SCENARIOS["nope_highest_mrr"][0], id_acc=lambda task, pe: 0.4 if (task, pe) == ("addition", "nope")
+                 else 1.0)
+    result = outcome("no_explicit_pe_beats_nope", cells)
+    assert result.verdict == "reproduced" and result.tasks == ("copy", "reverse", "sort")
+    assert result.left_out == (("addition", "NoPE ID 0.40 < 0.9"),)
+    assert "left out addition: NoPE ID 0.40 < 0.9" in claims_table([result])
+
+
+# --- scratchpad ---------------------------------------------------------------------------------------------------
+
+
+def with_scratchpad(effect, tasks=("addition", "sort"), seeds=SEEDS, id_acc=lambda task, pe: 1.0):
+    """The plain grid and a full-scratchpad one whose OOD exact match is the plain one's + ``effect(task, seed)``."""
+    def plain(task: str, pe: str, seed: int) -> float:
+        return 0.4 + 0.05 * PES.index(pe)
+
+    return grid(plain, tasks, seeds) + grid(lambda t, pe, s: plain(t, pe, s) + effect(t, s), tasks, seeds, id_acc,
+                                            scratchpad="full")
+
+
+def test_scratchpad_helps_some_tasks_each_verdict():
+    def verdict(effect, **kw):
+        return outcome("scratchpad_helps_some_tasks", with_scratchpad(effect, **kw)).verdict
+
+    assert verdict(lambda t, s: 0.3 + 0.01 * s if t == "addition" else -0.2 - 0.01 * s) == "reproduced"
+    assert verdict(lambda t, s: 0.3 + 0.01 * s) == "not reproduced"  # it helps every task
+    assert verdict(lambda t, s: -0.2 - 0.01 * s) == "not reproduced"  # it helps none
+    # helps addition; on sort the seeds disagree, so whether it helps "not others" stays open
+    assert verdict(lambda t, s: 0.3 + 0.01 * s if t == "addition" else (0.3, -0.3, 0.0)[s]) == "inconclusive"
+    assert verdict(lambda t, s: 0.3 if t == "addition" else -0.2, seeds=(0,)) == NO_SEED_VERDICT
+    failed = outcome("scratchpad_helps_some_tasks", with_scratchpad(lambda t, s: 0.1, id_acc=lambda t, pe: 0.5))
+    assert failed.verdict == "untestable" and "addition: NoPE (full) ID 0.50 < 0.9" in failed.reason
+    assert outcome("scratchpad_helps_some_tasks", grid(lambda t, pe, s: ORDER[pe])).verdict == "not measured"
+
+
+def test_scratchpad_effect_per_task_is_the_mean_over_pes_of_full_minus_none():
+    result = outcome("scratchpad_helps_some_tasks",
+                     with_scratchpad(lambda t, s: 0.3 + 0.01 * s if t == "addition" else -0.2 - 0.01 * s))
+    addition, sort = result.by_task
+    assert addition.tasks == ("addition",) and addition.across.per_seed == pytest.approx((0.3, 0.31, 0.32))
+    assert sort.verdict == "not reproduced" and sort.across.estimate == pytest.approx(-0.21)
+    assert "addition +0.310" in claims_table([result]) and "1 helps, 1 does not help" in claims_table([result])
+
+
+# --- MRR, its interval, Wilson --------------------------------------------------------------------------------------
+
+# OOD exact match per (task, seed) query, with ties (0.5 twice, 0.0 three times) that average their ranks
+QUERIES = {("copy", 0): [0.9, 0.5, 0.5, 0.2, 0.0], ("copy", 1): [0.4, 0.7, 0.1, 0.0, 0.0],
+           ("copy", 2): [1.0, 1.0, 0.3, 0.3, 0.0], ("sort", 0): [0.2, 0.6, 0.6, 0.1, 0.0],
+           ("sort", 1): [0.8, 0.3, 0.5, 0.0, 0.0], ("sort", 2): [0.0, 0.0, 0.0, 0.4, 0.1]}
+
+
+def reciprocal_ranks(scores) -> np.ndarray:
+    """1 / rank of each PE on one query, tied PEs on their average rank (scipy, not the code under test)."""
+    return 1 / scipy_stats.rankdata(-np.asarray(scores), method="average")
+
+
+def test_mrr_and_its_crossed_bootstrap_match_a_computation_by_hand():
+    cells = grid(lambda t, pe, s: QUERIES[t, s][PES.index(pe)], tasks=("copy", "sort"))
+    rr = {q: reciprocal_ranks(scores) for q, scores in QUERIES.items()}
+    mrr = mrr_intervals(cells, resamples=20_000)
+    assert [mrr[pe].estimate for pe in PES] == pytest.approx(np.mean(list(rr.values()), axis=0))
+    assert mrr["nope"].per_seed == pytest.approx([np.mean([rr["copy", s][0], rr["sort", s][0]]) for s in SEEDS])
+    # The crossed bootstrap's exact distribution: every multiset of 3 seeds (multinomial weights) times every
+    # multiset of 2 tasks; its 2.5 % and 97.5 % quantiles are atoms that 20,000 resamples find exactly.
+    atoms: dict[float, float] = {}
+    for seeds in itertools.product(SEEDS, repeat=3):
+        for tasks in itertools.product(("copy", "sort"), repeat=2):
+            value = round(float(np.mean([rr[t, s][0] for s in seeds for t in tasks])), 12)
+            atoms[value] = atoms.get(value, 0.0) + 1 / (27 * 4)
+    values = sorted(atoms)
+    cdf = np.cumsum([atoms[v] for v in values])
+    low, high = values[np.searchsorted(cdf, 0.025)], values[np.searchsorted(cdf, 0.975)]
+    assert min(abs(cdf - 0.025).min(), abs(cdf - 0.975).min()) > 0.005  # no quantile sits on a jump of the cdf
+    assert (mrr["nope"].low, mrr["nope"].high) == pytest.approx((low, high))
+
+
+def test_the_mrr_table_sits_beside_the_papers_numbers():
+    table = exact_match_table(grid(lambda t, pe, s: QUERIES[t, s][PES.index(pe)], tasks=("copy", "sort")), RESAMPLES)
+    nope = next(line for line in table.splitlines() if line.startswith("| NoPE |") and "0.69" in line)
+    assert nope.endswith("| 0.69 |") and "Out of distribution" in table and "In distribution" in table
+
+
+def test_wilson_per_cell_matches_its_formula():
+    cell = make_cell("copy", "nope", 0, 37 / N, id_acc=0.93)
+    z, p = scipy_stats.norm.ppf(0.975), 37 / N
+    centre = (p + z * z / (2 * N)) / (1 + z * z / N)
+    half = z * math.sqrt(p * (1 - p) / N + z * z / (4 * N * N)) / (1 + z * z / N)
+    ood = exact_match(cell, "ood")
+    assert (ood.estimate, ood.low, ood.high) == pytest.approx((p, centre - half, centre + half))
+    assert exact_match(cell, "id") == wilson(93, N_ID)
+    id_row, ood_row = (line for line in exact_match_table([cell], RESAMPLES).splitlines()
+                       if line.startswith("| copy | 0 |"))
+    assert f"0.18 [{centre - half:.2f}, {centre + half:.2f}]" in ood_row and "0.93 [" in id_row
+
+
+# --- pairing ------------------------------------------------------------------------------------------------------
+
+
+def primitive_margin(nope: np.ndarray, rival: np.ndarray):
+    """Claim ``nope_beats_ape_rotary_on_primitives`` on one primitive task, 3 seeds, APE and Rotary both ``rival``."""
+    cells = [make_cell("copy", pe, s, nope if pe == "nope" else rival) for pe in ("nope", "sinusoidal", "rope")
+             for s in SEEDS]
+    return outcome("nope_beats_ape_rotary_on_primitives", cells).interval
+
+
+def unpaired_half_width(a: np.ndarray, b: np.ndarray, seed: int = 0) -> float:
+    """What an unpaired bootstrap would give: each PE's examples drawn independently (3 seeds pooled)."""
+    rng = np.random.default_rng(seed)
+    draws = [np.mean([rng.choice(x, (2000, N)).mean(1) for _ in SEEDS], axis=0) for x in (a, b)]
+    return float(np.diff(np.quantile(draws[0] - draws[1], [0.025, 0.975]))[0] / 2)
+
+
+def test_differences_are_paired_example_by_example():
+    right = np.random.default_rng(1).random(N) < 0.5
+    # the same examples right: every resample gives 0, where independent draws would spread +-0.06
+    same = primitive_margin(right, right)
+    assert (same.estimate, same.low, same.high) == (0.0, 0.0, 0.0)
+    assert unpaired_half_width(right, right) > 0.05
+    # the same accuracy on complementary examples: each example differs by +-1, so the paired difference spreads
+    # 1.96 sqrt(1 / 3N), wider than the unpaired 1.96 sqrt(2 p (1 - p) / 3N)
+    first_half = np.arange(N) < N // 2
+    opposite = primitive_margin(first_half, ~first_half)
+    assert opposite.estimate == 0.0
+    assert opposite.half_width == pytest.approx(1.96 * math.sqrt(1 / (3 * N)), rel=0.15)
+    assert opposite.half_width > 1.2 * unpaired_half_width(first_half, ~first_half)
+
+
+def test_cells_scored_on_different_test_examples_are_not_compared():
+    cells = grid(SCENARIOS["nope_highest_mrr"][0])
+    cells[1] = make_cell("copy", "nope", 1, 0.8, digest="another split")  # the NoPE cell of (copy, seed 1)
+    assert cells[1].seed == 1 and cells[1].pos_encoding == "nope"
+    result = outcome("nope_highest_mrr", cells)
+    assert result.verdict == "not measured" and "copy, seed 1: its cells were scored on different test" in result.reason
+    with pytest.raises(ValueError, match="two results for"):
+        CellIndex([cells[0], cells[0]])
+
+
+def test_version_one_cells_keep_their_verdict_without_an_evaluation_interval():
+    cells = grid(SCENARIOS["nope_beats_ape_rotary_on_primitives"][0])
+    legacy = []
+    for cell in cells:
+        data = cell.to_dict()
+        for key in ("version", "ood_correct", "test_digest"):
+            del data[key]
+        legacy.append(SyntheticCell.from_dict(data))
+    assert legacy[0].ood_correct == () and legacy[0].test_digest == ""
+    assert SyntheticCell.from_dict(cells[0].to_dict()) == cells[0]  # version 2 keeps every example
+    old, new = (outcome("nope_beats_ape_rotary_on_primitives", c) for c in (legacy, cells))
+    assert old.verdict == new.verdict == "reproduced" and old.across == new.across
+    assert math.isnan(old.interval.low) and new.interval.resamples == RESAMPLES
+    assert "none (no per-example results)" in claims_table([old])
+
+
+def test_the_digest_names_the_problems_not_their_format():
+    def split(seed, scratchpad):
+        return make_split("addition", "test", n=20, seed=seed, scratchpad=scratchpad)
+
+    assert problems_digest(split(0, "none")) == problems_digest(split(0, "full")) != problems_digest(split(1, "none"))
+
+
+def test_tiny_runs_of_two_pes_record_paired_examples(tracking_overrides):
+    cfg = load_config(SyntheticConfig, REPO / "conf/synthetic/tiny.yaml", [*tracking_overrides, "log_model=false"])
+    cells = [stage.train_and_evaluate(cfg.cell(cfg.task, pe, 0)).result for pe in ("nope", "alibi")]
+    for cell in cells:
+        assert len(cell.ood_correct) == cfg.n_test and np.mean(cell.ood_correct) == pytest.approx(cell.ood_acc)
+    assert cells[0].test_digest == cells[1].test_digest == problems_digest(stage.SyntheticData(cfg).test)
+    assert CellIndex(cells).grid([cfg.task], [0], [("none", "nope"), ("none", "alibi")]).shape == (1, 1, 2)
