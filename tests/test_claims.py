@@ -17,8 +17,9 @@ from nope_lightning.analysis.claim_tests import head_rank
 from nope_lightning.analysis.claims import NO_SEED_VERDICT, Outcome, evaluate_claim, verdict
 from nope_lightning.analysis.inflection import inflection
 from nope_lightning.analysis.paper import CLAIMS_BY_ID, Claim, Precondition
+from nope_lightning.analysis.report_sections import claims_table
 from nope_lightning.analysis.stats import Interval, t_interval
-from nope_lightning.analysis.tables import BIASED, BIASED_NOTE, claims_table, paired_table
+from nope_lightning.analysis.tables import BIASED, BIASED_NOTE, paired_table
 from nope_lightning.config import pipeline as pipeline_config
 from nope_lightning.config.core import load_config
 from nope_lightning.config.pipeline import PipelineConfig, PipelineStep
@@ -491,7 +492,8 @@ def test_the_paired_table_compares_every_method_with_nope_on_the_same_windows_an
             runs["two seeds only"][s] = evaluation({1: nope + 0.05, 2: nope + 0.3}, lengths=(L, 2 * L))
     table = paired_table(runs, RESAMPLES, "nope")
     header, _, *rows = [line for line in table.splitlines() if line.startswith("|")]
-    assert header == "| method | Δ log-PPL 1x | Δ log-PPL 2x | Δ passkey 1x | Δ passkey 2x |"
+    assert header == ("| method | Δ log-PPL 1x | Δ log-PPL 2x | Δ passkey 1x = 128 (answer after token 128: past L) "
+                      "| Δ passkey 2x = 256 (answer after token 256: past L) |")  # no key token counts recorded
     cells = {row.split(" | ")[0].lstrip("| "): row.rstrip(" |").split(" | ")[1:] for row in rows}
     assert set(cells) == {"scaled", "two seeds only"}  # the reference has no row of its own
     # the pooled estimate is the mean over seeds of the per-token NLL difference, computed directly here

@@ -133,3 +133,34 @@ def test_passkey_is_scored_by_an_exact_match_of_the_key_tokens():
     assert not score_passkey_tokens([5, 1, 2, 3, 4], key)  # cut short
     assert not score_passkey_tokens([1, 2, 3, 4, 6, 9], key)  # no leading space token
     assert not score_passkey_tokens([5, 1, 2, 3, 4, 7], key)
+
+
+def test_each_outcome_records_its_answer_s_token_count_and_the_header_places_the_answer(bpe):
+    from types import SimpleNamespace
+
+    import torch
+
+    from nope_lightning.analysis.tables import answer_label, key_tokens
+    from nope_lightning.config import EvaluateConfig, ModelConfig
+    from nope_lightning.eval.passkey import run_passkey
+    from nope_lightning.model import GPT
+    from nope_lightning.results import EvaluationResult, PasskeyResults
+
+    train_len = 160  # the prompts are exactly L tokens: the "1x" prompt
+    samples = make_passkey_samples(bpe, [train_len], [0.0, 0.5], keys_per_cell=2, seed=3)
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16, intermediate_size=32, max_positions=256), 500,
+                train_len=train_len).eval()
+    tokenizer = SimpleNamespace(encode=bpe.encode, vocab_size=500)  # what run_passkey reads of a tokenizer
+    section, _ = run_passkey(model, tokenizer, samples, EvaluateConfig(checkpoint="x", max_new_tokens=8,
+                                                                       batch_size=4))
+    # By hand: the key's tokens in the prompt, from key_token_start up to where the decoded text is " " + key.
+    by_hand = [next(k for k in range(1, 12) if bpe.decode(s.input_ids[s.key_token_start:][:k]) == f" {s.key}")
+               for s in samples]
+    assert [o.key_tokens for o in section.samples] == by_hand == [6, 6, 6, 6]
+    result = EvaluationResult(train_len, ["kjv"], passkey=section)
+    # Generated after 160 prompt tokens, the 6 answer tokens sit at positions 161-166: past L.
+    assert answer_label(train_len, train_len, key_tokens([result], train_len)) == "160 (answer at 161-166: past L)"
+    assert PasskeyResults.parse(section.body()) == section
+    legacy = {k: v for k, v in section.body().items() if k != "key_tokens"}  # a file from before the counts
+    assert [o.key_tokens for o in PasskeyResults.parse(legacy).samples] == [None] * 4

@@ -13,17 +13,15 @@ import pytest
 from nope_lightning.analysis.claims import Outcome, evaluate_claim
 from nope_lightning.analysis.markdown import html_page
 from nope_lightning.analysis.paper import CLAIMS_BY_ID, TABLE4
+from nope_lightning.analysis.report_sections import RECIPE_KEYS, claims_table, recipe_section, search_section
 from nope_lightning.analysis.stats import Interval, prediction_interval, t_interval, wilson
 from nope_lightning.analysis.tables import (
     MISSING,
-    RECIPE_KEYS,
     Methods,
     ablation_table,
-    claims_table,
+    paired_table,
     passkey_table,
     ppl_tables,
-    recipe_section,
-    search_section,
 )
 from nope_lightning.config import PipelineConfig, PipelineStep, ScaleSearchConfig, load_config
 from nope_lightning.eval.summary import octaves
@@ -54,9 +52,10 @@ def test_octaves_are_the_ranges_past_L():
 
 
 def run_result(nll: float, lengths=(100, 200), passkey: list[bool] | None = None,
-               table: list | None = None) -> EvaluationResult:
+               table: list | None = None, tuning_len: int | None = None) -> EvaluationResult:
     """An evaluate ``results.json`` as the tables read it (one corpus, per-length NLL with its interval)."""
     out = {"train_len": 100, "split": "test", "stride": 12, "lengths": list(lengths), "corpora": ["kjv"],
+           "tuning_len": tuning_len,
            "ppl": {"kjv": {str(n): {"nll": nll + n / 1000, "nll_low": nll + n / 1000 - 0.05,
                                     "nll_high": nll + n / 1000 + 0.05, "ppl": math.exp(nll + n / 1000),
                                     "tokens": 1000}
@@ -84,6 +83,82 @@ def test_tables_show_intervals_seed_counts_and_a_dash_for_what_did_not_run():
     assert (f"{math.exp(interval.estimate):.1f} [{math.exp(interval.low):.1f}, {math.exp(interval.high):.1f}]"
             in ppl_tables(three, {}))
     assert "3 seeds: mean over seeds, [95 % t interval across seeds]" in ppl_tables(three, {})
+
+
+def passkey_result(outcomes: dict[int, list[bool]], key_tokens: dict[int, list[int]] | None = None) -> EvaluationResult:
+    """An evaluate ``results.json`` with passkey prompts only (L = 100): per length, each prompt's outcome and,
+    when given, its key's token count (absent: a file written before the counts were recorded)."""
+    samples = [[n, 0.0, str(10000 + i), ok] for n, oks in outcomes.items() for i, ok in enumerate(oks)]
+    passkey = {"prompt": "compact", "samples": samples,
+               "by_length": {str(n): sum(oks) / len(oks) for n, oks in outcomes.items()}}
+    if key_tokens is not None:
+        passkey["key_tokens"] = [k for n in outcomes for k in key_tokens[n]]
+    return EvaluationResult.from_dict({"train_len": 100, "corpora": ["kjv"], "lengths": [100, 200],
+                                       "passkey": passkey})
+
+
+def test_passkey_headers_say_where_the_answer_falls_relative_to_L():
+    # L = 100; the k key tokens are generated after a prompt of n tokens, at positions n + 1 .. n + k (1-based).
+    outcomes = {94: [True, True], 97: [True, False], 100: [True, False], 200: [False, False]}
+    counts = {94: [6, 6], 97: [6, 6], 100: [6, 6], 200: [5, 6]}
+    runs = {"nope": {None: passkey_result(outcomes, counts)}, "rope": {None: passkey_result(outcomes, counts)}}
+    header = next(line for line in passkey_table(runs).splitlines() if line.startswith("| method"))
+    assert header == ("| method | 94 (answer at 95-100: inside L) | 97 (answer at 98-103: crosses L) "
+                      "| 100 (answer at 101-106: past L) | 200 (answer at 201 to 205-206: past L) | all lengths |")
+    legacy = {"nope": {None: passkey_result(outcomes)}}  # no counts recorded: only the first position is known
+    header = next(line for line in passkey_table(legacy).splitlines() if line.startswith("| method"))
+    assert header == ("| method | 94 (answer after token 94) | 97 (answer after token 97) "
+                      "| 100 (answer after token 100: past L) | 200 (answer after token 200: past L) | all lengths |")
+    assert legacy["nope"][None].passkey.samples[0].key_tokens is None
+    # The paired table heads its passkey columns the same way, at the whole multiples of L the claims read.
+    paired = paired_table(runs, 100, "nope")
+    header = next(line for line in paired.splitlines() if line.startswith("| method"))
+    assert header == ("| method | Δ log-PPL 1x | Δ log-PPL 2x | Δ passkey 1x = 100 (answer at 101-106: past L) "
+                      "| Δ passkey 2x = 200 (answer at 201 to 205-206: past L) |")
+    assert "| rope | — | — | +0.000 [+0.000, +0.000] (0/1) | +0.000 [+0.000, +0.000] (0/1) |" in paired
+
+
+def test_the_ablation_table_reads_ppl_at_the_tuning_length():
+    # Tuned at 300 tokens, evaluated at 100, 200, 400: PPL at 200, the largest evaluated length <= 300 (paper 001's
+    # Table 4: PPL at 16K of tables tuned at 18K). run_result's NLL at n tokens is nll + n / 1000 +- 0.05.
+    runs = {"headscale 4x": {None: run_result(3.0, lengths=(100, 200, 400), tuning_len=300)},
+            "headscale 4x w/o init": {None: run_result(3.5, lengths=(100, 200, 400), tuning_len=400)},
+            "headscale 4x w/o constraint": {None: run_result(3.5, lengths=(100, 200, 400))}}
+    rows = {"headscale 4x": "headscale", "headscale 4x w/o init": "headscale w/o init",
+            "headscale 4x w/o constraint": "headscale w/o constraint"}
+    text = ablation_table(runs, [], rows)
+    assert "| method | PPL @ tuning length (tokens) |" in text
+    cells = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1] for line in text.splitlines()
+             if line.startswith("| headscale")}
+    assert cells["headscale 4x"] == (f"{math.exp(3.2):.1f} [{math.exp(3.15):.1f}, {math.exp(3.25):.1f}] @ 200 "
+                                     f"(tuned at 300)")
+    assert cells["headscale 4x w/o init"] == f"{math.exp(3.9):.1f} [{math.exp(3.85):.1f}, {math.exp(3.95):.1f}] @ 400"
+    assert cells["headscale 4x w/o constraint"] == MISSING  # no tuning length recorded: no PPL, and a note says why
+    assert "Note: no PPL for headscale 4x w/o constraint: the results record no single tuning length" in text
+    three = {"headscale 4x": {s: run_result(3.0 + 0.01 * s, lengths=(100, 200, 400), tuning_len=300)
+                              for s in (1, 2, 3)}}
+    interval = t_interval([3.0 + 0.01 * s + 0.2 for s in (1, 2, 3)])  # mean log-PPL at 200 over seeds
+    assert (f"| headscale 4x | {math.exp(interval.estimate):.1f} [{math.exp(interval.low):.1f}, "
+            f"{math.exp(interval.high):.1f}] @ 200 (tuned at 300) |") in ablation_table(three, [], rows)
+
+
+def test_the_tuning_length_headscale_wrote_into_its_table_reads_back(tmp_path):
+    import torch
+
+    from nope_lightning.config import AttentionTemperature
+    from nope_lightning.model.temperature import LOG_SLOPE, save_table, tuning_len
+
+    save_table(tmp_path / "lambda.safetensors", torch.ones(2, 2), {"target_len": 512})  # as HeadScale saves it
+    assert tuning_len(AttentionTemperature(table=str(tmp_path / "lambda.safetensors"))) == 512
+    assert tuning_len(AttentionTemperature(table=str(tmp_path / "lambda.json"))) == 512  # the readable twin
+    save_table(tmp_path / "log_scale.safetensors", torch.zeros(2, 2), {"target_len": 256}, LOG_SLOPE)
+    assert tuning_len(AttentionTemperature(log_slope_table=str(tmp_path / "log_scale.safetensors"))) == 256
+    save_table(tmp_path / "by_hand.safetensors", torch.ones(2, 2))  # a table no tuning produced
+    assert tuning_len(AttentionTemperature(table=str(tmp_path / "by_hand.safetensors"))) is None
+    assert tuning_len(AttentionTemperature(1.5)) is None
+    recorded = run_result(3.0, tuning_len=512)
+    assert EvaluationResult.from_dict(recorded.to_dict()).tuning_len == 512
+    assert "tuning_len" not in run_result(3.0).to_dict()  # unknown: absent from the file, as in older files
 
 
 def test_a_degenerate_ablation_is_noted_and_an_edge_optimum_flagged():

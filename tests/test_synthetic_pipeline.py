@@ -143,8 +143,10 @@ def test_a_grid_step_runs_nested_tagged_resumes_is_skipped_and_is_reused(tmp_pat
                                                f"out_dir={tmp_path / 'report'}", "bootstrap=200"])
     text = Path(run_stage("report", report_cfg)["markdown"]).read_text()
     claims = text.split("### Paper 002's claims, tested")[1].split("\n### ")[0]
-    # Two PEs of five: every comparison names what is missing rather than ranking a partial grid.
-    assert claims.count("**not measured**") == 5 and "('copy_repeat', 'none', 't5', 7)" in claims
+    # Two PEs of five: every comparison (the attention claim's too) names what is missing rather than ranking a
+    # partial grid.
+    assert claims.count("**not measured**") == 6 and "T5 was not analysed" in claims
+    assert "('copy_repeat', 'none', 't5', 7)" in claims
     tied = 1 / 1.5  # NoPE and ALiBi tie on the one (task, seed) query: each ranks 1.5, ties averaged
     assert f"| NoPE | {tied:.2f} [{tied:.2f}, {tied:.2f}] | {tied:.2f} | 0.69 |" in text
     assert "| copy_repeat | 7 | " in text.split("### Exact match per task and PE")[1]

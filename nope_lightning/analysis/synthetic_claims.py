@@ -340,7 +340,7 @@ _TASK_WORDS = {"reproduced": "helps", "not reproduced": "does not help", "inconc
 
 
 def claims_table(outcomes: Sequence[SyntheticOutcome]) -> str:
-    """``tables.claims_table``'s layout for paper 002: each claim's rule, what the paper says, our effect with its
+    """``report_sections.claims_table``'s layout for paper 002: each claim's rule, what the paper says, our effect with its
     95 % interval across seeds (and each seed's effect), the prediction interval for one new seed, the
     evaluation-only paired bootstrap, the tasks compared (and those left out), the seeds on the claim's side (for
     the scratchpad claim: the tasks it helps, does not, or leaves unclear) and the verdict."""

@@ -13,7 +13,7 @@ beside is the experiment file's to say (``rows``: method -> row of the paper's t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,6 @@ from nope_lightning.analysis.paper import Claim
 from nope_lightning.analysis.stats import UNIT, Interval, t_interval, wilson
 from nope_lightning.config.pipeline import PipelineConfig
 from nope_lightning.results.evaluation import Curve, EvaluationResult
-from nope_lightning.results.search import ScaleSearchResult
 
 MISSING = "—"
 
@@ -154,7 +153,8 @@ def ppl_tables(runs: Runs, rows: Mapping[str, str]) -> str:
 
 def paired_table(runs: Runs, resamples: int, reference: str) -> str:
     """Every method against ``reference`` on the same windows and prompts: per seed the paired difference
-    (log-PPL at each evaluation length, passkey accuracy at each passkey length), pooled as the mean over seeds
+    (log-PPL at each evaluation length, passkey accuracy at each passkey length that is a whole multiple of L,
+    headed with where its answer falls: ``answer_label``), pooled as the mean over seeds
     with its 95 % bootstrap interval (``claims.measure``), and on how many seeds the method does better (lower
     log-PPL, higher accuracy). Across-seed t intervals of each method's own figures (the tables above) are
     unpaired; these differences cancel the seed's model and the text, which is what a comparison needs."""
@@ -164,8 +164,10 @@ def paired_table(runs: Runs, resamples: int, reference: str) -> str:
     L = first.train_len
     columns = [("log_ppl_difference", (n // L, n // L), f"Δ log-PPL {n // L:g}x", -1)
                for n in first.lengths if n % L == 0]
-    columns += [("passkey_difference", (m,), f"Δ passkey {m:g}x", 1)
-                for m in sorted({s.length // L for s in (first.passkey.samples if first.passkey else [])})]
+    # Whole multiples of L only: the claims' passkey test reads the prompts of multiple x L tokens.
+    columns += [("passkey_difference", (n // L,), f"Δ passkey {n // L}x = "
+                 f"{answer_label(n, L, key_tokens(runs[reference].values(), n))}", 1)
+                for n in sorted({s.length for s in (first.passkey.samples if first.passkey else [])}) if n % L == 0]
     rows = []
     for method in runs:
         if method == reference:
@@ -258,20 +260,45 @@ def passkey_interval(by_seed: Mapping[int | None, EvaluationResult], n: int | No
     return across(by_seed, value, single, UNIT)
 
 
+def key_tokens(results: Iterable[EvaluationResult], n: int) -> set[int]:
+    """The token counts of the answers to ``results``' passkey prompts of ``n`` tokens (empty: none recorded)."""
+    return {s.key_tokens for r in results if r.passkey for s in r.passkey.at(n) if s.key_tokens is not None}
+
+
+def answer_label(n: int, train_len: int, counts: Collection[int]) -> str:
+    """A passkey length's header: the prompt's ``n`` tokens and where its answer falls relative to L =
+    ``train_len``. The answer (the key's k tokens, ``counts``: every k its keys take) is generated right after
+    the prompt, at positions n + 1 .. n + k (1-based), so a prompt of exactly L tokens answers past L. With
+    L = 128 and k = 6: '128 (answer at 129-134: past L)', '122 (answer at 123-128: inside L)', '125 (answer at
+    126-131: crosses L)'; keys of 5 or 6 tokens: '128 (answer at 129 to 133-134: past L)'. No count known
+    (results written before they were recorded): '128 (answer after token 128: past L)', where the answer
+    can only be said to be past L when n >= L."""
+    if not counts:
+        return f"{n} (answer after token {n}{': past L' if n >= train_len else ''})"
+    fewest, most = min(counts), max(counts)
+    span = (f"{n + 1}" if most == 1 else f"{n + 1}-{n + most}" if fewest == most
+            else f"{n + 1} to {n + fewest}-{n + most}")
+    where = "inside L" if n + most <= train_len else "past L" if n >= train_len else "crosses L"
+    return f"{n} (answer at {span}: {where})"
+
+
 def passkey_table(runs: Runs) -> str:
+    """Passkey accuracy per method x prompt length (and over every length), each length headed with where its
+    answer falls relative to L (``answer_label``)."""
     with_keys = {m: s for m, s in runs.items() if any(r.passkey is not None for r in s.values())}
     if not with_keys:
         return ""
-    first = next(r.passkey for s in with_keys.values() for r in s.values() if r.passkey is not None)
-    lengths = sorted({sample.length for s in with_keys.values() for r in s.values() if r.passkey is not None
-                      for sample in r.passkey.samples})
+    results = [r for s in with_keys.values() for r in s.values() if r.passkey is not None]
+    first = results[0].passkey
+    lengths = sorted({sample.length for r in results for sample in r.passkey.samples})
     rows = [[m, *[cell(passkey_interval(s, n)) for n in lengths], cell(passkey_interval(s, None))]
             for m, s in with_keys.items()]
     depths = len({sample.depth for sample in first.samples})
     keys = len(first.samples) // max(1, depths * len(lengths))
+    header = [answer_label(n, results[0].train_len, key_tokens(results, n)) for n in lengths]
     return (f"### Passkey retrieval accuracy ({first.prompt} prompt, {depths} depths x {keys} "
             f"key{'s' if keys > 1 else ''} per length, greedy; {seed_note(with_keys)})\n\n"
-            + markdown_table(["method", *map(str, lengths), "all lengths"], rows))
+            + markdown_table(["method", *header, "all lengths"], rows))
 
 
 def longctx_table(runs: Runs) -> str:
@@ -290,107 +317,49 @@ def longctx_table(runs: Runs) -> str:
             + markdown_table(["method", *tasks], rows))
 
 
+def tuned_lengths(by_seed: Mapping[int | None, EvaluationResult]) -> tuple[int, int] | None:
+    """``(tuning length, PPL length)`` in tokens: the length a method's per-head table was tuned at (the
+    results' ``tuning_len``, one across seeds) and the largest evaluated length <= it, where the Table 4 analog
+    reads PPL (the paper: PPL at 16K of tables tuned at 18K). None when the results record no tuning length
+    or no evaluated length fits."""
+    tuned = {r.tuning_len for r in by_seed.values()} - {None}
+    if len(tuned) != 1:
+        return None
+    (tuning,) = tuned
+    fitting = [n for r in by_seed.values() for n in r.lengths if n <= tuning]
+    return (tuning, max(fitting)) if fitting else None
+
+
 def ablation_table(runs: Runs, outcomes: Sequence[Outcome], rows: Mapping[str, str]) -> str:
     """Table 4 analog over the methods the experiment file places beside a row of the paper's Table 4
-    (``rows``: method -> a key of ``paper.TABLE4``): PPL at the longest length, passkey over all lengths,
-    long-context mean ("—" where not run), the paper's figures, and the degenerate-ablation notes the claims
-    found."""
-    table = []
+    (``rows``: method -> a key of ``paper.TABLE4``): PPL at the tuning length (``tuned_lengths``: inside the
+    length the table was tuned at, as the paper's Table 4), passkey over all lengths, long-context mean ("—"
+    where not run), the paper's figures, and the degenerate-ablation notes the claims found."""
+    table, unknown = [], []
     for method, by_seed in runs.items():
         if method not in rows:
             continue
         first = next(iter(by_seed.values()))
-        longest = max(first.lengths or [0])
-        ppl = exp_interval(log_ppl(by_seed, first.corpora[0], longest)) if longest else None
+        if (lengths := tuned_lengths(by_seed)) is None:
+            unknown.append(method)
+            ppl = MISSING
+        else:
+            tuning, n = lengths
+            ppl = (f"{cell(exp_interval(log_ppl(by_seed, first.corpora[0], n)), paper.fmt)} @ {n}"
+                   + ("" if n == tuning else f" (tuned at {tuning})"))
         longctx = [float(np.mean([np.mean(list(v.values())) for v in r.longctx.values()]))
                    for r in by_seed.values() if r.longctx]
         ref = paper.TABLE4[rows[method]]
-        table.append([method, cell(ppl, paper.fmt), cell(passkey_interval(by_seed, None)),
+        table.append([method, ppl, cell(passkey_interval(by_seed, None)),
                       cell(t_interval(longctx, bounds=UNIT)) if longctx else MISSING,
                       f"{ref['pg19']} / {ref['passkey']}% / {ref['longbench']}"])
     if not table:
         return ""
     notes = [o.reason for o in outcomes if o.verdict == "untestable" and "degenerate" in o.reason]
+    if unknown:
+        notes.append(f"no PPL for {', '.join(unknown)}: the results record no single tuning length (evaluated "
+                     f"before evaluate recorded the table's target_len, or with a table that names none)")
     return ("### HeadScale ablations (Table 4 analog)\n\n"
-            + markdown_table(["method", "PPL @ longest", "passkey (all lengths)", "long-context",
+            + markdown_table(["method", "PPL @ tuning length (tokens)", "passkey (all lengths)", "long-context",
                               "paper PPL@16K / passkey / LongBench"], table)
             + "".join(f"\n\nNote: {n}." for n in notes))
-
-
-def search_section(method: str, by_seed: Mapping[int | None, ScaleSearchResult]) -> str:
-    """Per seed: the best lambda per target with its bootstrap interval, edge flags, and the fit."""
-    rows = []
-    for seed, summary in by_seed.items():
-        intervals, unknown = summary.intervals, (math.nan, math.nan)
-        best = ", ".join(f"{n}: {lam:g}" + (f" [{intervals.best[n][0]:g}, {intervals.best[n][1]:g}]"
-                                            if n in intervals.best else "")
-                         + (" (grid edge)" if summary.best_on_grid_edge.get(n) else "")
-                         for n, lam in summary.best.items())
-        a, r2 = (cell(Interval(value, *(interval or unknown)), f"{{:.{digits}f}}".format)
-                 for value, interval, digits in ((summary.fit.a, intervals.a, 3), (summary.fit.r2, intervals.r2, 2)))
-        rows.append([MISSING if seed is None else seed, best, a, r2])
-    first = next(iter(by_seed.values()))
-    return (f"### Uniform-scale search ({method}; chosen on the {first.split} split, grid "
-            f"{list(first.grid)}, 95 % bootstrap intervals over validation windows)\n\n"
-            + markdown_table(["seed", "best lambda per target (units of 1/sqrt(d))", "fit a of 1 + a ln s",
-                              "R^2"], rows)
-            + "\n\nPaper: a = 0.301, R^2 = 0.995 at 10K steps; a = 0.397, R^2 = 0.977 at 50K steps.")
-
-
-RECIPE_KEYS = ("model.pos_encoding", "model.ssmax", "model.n_layer", "model.n_embd", "data.corpus", "train_len",
-               "batch_size", "trainer.devices", "trainer.max_steps", "tokens_per_parameter", "optim.lr",
-               "optim.min_lr_ratio", "retrieval.fraction", "retrieval.length", "seed")
-
-
-def recipe_section(pretrains: list) -> str:
-    """Which pre-training recipe produced the models: every figure above depends on it."""
-    if not pretrains:
-        return ""
-    def param(run, key: str) -> str:  # MLflow logs an unset (None) setting as the string "None"
-        value = run.data.params.get(key, "None")
-        return MISSING if value == "None" else value
-
-    rows = [[run.info.run_name, *[param(run, k) for k in RECIPE_KEYS]] for run in pretrains]
-    return ("### Pre-training recipe of the models above\n\n" + markdown_table(["run", *RECIPE_KEYS], rows)
-            + "\n\nA retrieval fraction above 0 means passkey sequences were mixed into pre-training (off in "
-              "the paper's recipe): passkey figures of such models measure a skill the model was taught inside "
-              "L, and how far past L it survives.")
-
-
-def claims_table(outcomes: Sequence[Outcome]) -> str:
-    """Each claim: its rule, what its source (paper 001, or a hybrid's paper) says, our effect as the mean of the per-seed effects with its 95 % t
-    interval across seeds (and each seed's effect), the 95 % prediction interval for one new seed, the
-    evaluation-only interval (pooled bootstrap over the evaluation units, models held fixed; with how many
-    resamples were undefined), how many seeds lie on the claim's side, and the verdict (``claims.verdict``:
-    from the interval across seeds; one seed: ``claims.NO_SEED_VERDICT``)."""
-    rows = []
-    for o in outcomes:
-        if o.interval is None:
-            rows.append([o.claim.text, o.claim.rule, o.claim.paper, f"{o.verdict}: {o.reason}", MISSING, MISSING,
-                         MISSING, f"**{o.verdict}**"])
-            continue
-        show = ("{:+.3f}" if o.claim.signed else "{:.3f}").format
-        seeds = len(o.interval.per_seed)
-        across = o.across or Interval(o.interval.estimate, math.nan, math.nan)
-        ours = f"{cell(across, show)} {o.claim.unit}"
-        ours += f" (per seed: {' / '.join(map(show, o.interval.per_seed))})" if seeds > 1 else " (1 seed)"
-        new_seed = cell(o.prediction, show) if seeds > 1 and o.prediction is not None else MISSING
-        if math.isnan(o.interval.low) and math.isnan(o.interval.high) and not o.interval.resamples:
-            evaluation = "none (no evaluation units to resample)"
-        else:
-            evaluation = cell(o.interval, show)
-        if o.interval.undefined:
-            evaluation += f" ({o.interval.undefined} of {o.interval.resamples} resamples undefined, left out)"
-        rows.append([o.claim.text, o.claim.rule, o.claim.paper, ours, new_seed, evaluation,
-                     f"{o.on_side} of {seeds}", f"**{o.verdict}**"])
-    return ("### The claims, tested\n\n"
-            "Each effect is paired (the compared methods scored on the same windows, position windows or prompts) "
-            "and computed seed by seed. *ours*: the mean of the per-seed effects with its 95 % t interval across "
-            "seeds (df = seeds - 1); *one new seed*: the 95 % prediction interval for another seed's effect; "
-            "*evaluation only*: the 95 % bootstrap over the evaluation units, pooled over seeds, with the trained "
-            "models held fixed (not used for verdicts). Verdicts are about seeds: *reproduced* when the t "
-            "interval lies on the claim's side of the threshold, *not reproduced* when it lies on the other "
-            "side, *inconclusive* otherwise; one seed gets no verdict; *untestable*: a precondition fails.\n\n"
-            + markdown_table(["claim", "rule", "the source says", "ours: mean [95 % t across seeds]",
-                              "one new seed [95 % prediction]", "evaluation only [95 % pooled bootstrap]",
-                              "seeds on the claim's side", "verdict"], rows))

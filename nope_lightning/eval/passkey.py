@@ -30,6 +30,12 @@ def score_passkey_tokens(generated_ids: Sequence[int], key_ids: Sequence[int]) -
     return list(generated_ids[: len(key_ids)]) == list(key_ids)
 
 
+def answer_ids(tokenizer, key: str) -> list[int]:
+    """The tokens a correct answer starts with: the key as it follows "is" (``encode(" " + key)``, the ids the
+    prompt holds at ``key_token_start``)."""
+    return tokenizer.encode(f" {key}")
+
+
 def answer_passkeys(model, tokenizer, samples: Sequence[PasskeySample], max_new_tokens: int,
                     batch_size: int) -> list[bool]:
     """Greedy answers (KV-cached), one batch per length, to ``samples``; ``correct[i]`` for ``samples[i]`` is an
@@ -41,7 +47,7 @@ def answer_passkeys(model, tokenizer, samples: Sequence[PasskeySample], max_new_
         generated = greedy_generate(model, [samples[i].input_ids for i in rows], max_new_tokens, batch_size,
                                     tokenizer.vocab_size)
         for i, ids in zip(rows, generated, strict=True):
-            correct[i] = score_passkey_tokens(ids, tokenizer.encode(f" {samples[i].key}"))
+            correct[i] = score_passkey_tokens(ids, answer_ids(tokenizer, samples[i].key))
     return correct
 
 
@@ -96,7 +102,8 @@ def passkey_samples(tokenizer, lengths: list[int], cfg: EvaluateConfig) -> list[
 def run_passkey(model, tokenizer, samples: list[PasskeySample],
                 cfg: EvaluateConfig) -> tuple[PasskeyResults, dict[str, float]]:
     """``evaluate``'s passkey part: ``(results, metrics)`` with the accuracy per length (and its Wilson
-    interval), per (length, depth), and every prompt's outcome (the report pairs methods on the same prompts)."""
+    interval), per (length, depth), and every prompt's outcome with its answer's token count (the report pairs
+    methods on the same prompts, and says where each length's answer falls relative to L)."""
     correct = answer_passkeys(model, tokenizer, samples, cfg.max_new_tokens, cfg.batch_size)
     accuracy = passkey_accuracy(samples, correct)
     counts = Counter(s.length for s in samples)
@@ -104,5 +111,6 @@ def run_passkey(model, tokenizer, samples: list[PasskeySample],
     section = PasskeyResults(
         cfg.passkey_prompt, accuracy.by_length, accuracy.overall, {n: (i.low, i.high) for n, i in intervals.items()},
         [PasskeyCell(length, depth, acc) for (length, depth), acc in accuracy.by_cell.items()],
-        [PasskeyOutcome(s.length, s.depth, s.key, bool(ok)) for s, ok in zip(samples, correct, strict=True)])
+        [PasskeyOutcome(s.length, s.depth, s.key, bool(ok), len(answer_ids(tokenizer, s.key)))
+         for s, ok in zip(samples, correct, strict=True)])
     return section, accuracy.metrics("passkey")

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -100,6 +101,22 @@ def save_table(path: str | Path, table: torch.Tensor, metadata: dict | None = No
     save_file({kind.key: table}, str(path.with_suffix(".safetensors")), metadata=meta)
     doc = {"units": kind.units, kind.key: table.tolist(), "metadata": meta}
     path.with_suffix(".json").write_text(json.dumps(doc, indent=1))
+
+
+def tuning_len(settings: AttentionTemperature) -> int | None:
+    """The length (tokens) the per-head table of resolved ``settings`` (local files) was tuned at: HeadScale
+    writes its ``target_len`` into the table file's metadata (``save_table``: safetensors metadata, the JSON's
+    ``metadata``); the report's Table 4 analog reads PPL there, as the paper does. None without a table file or
+    for one that names no length (a hand-made table). The lambda table's, else the log-slope table's."""
+    path = settings.table or settings.log_slope_table
+    if not path:
+        return None
+    if path.endswith(".safetensors"):
+        with safe_open(path, "pt") as f:
+            metadata = f.metadata() or {}
+    else:
+        metadata = json.loads(Path(path).read_text()).get("metadata", {})
+    return int(metadata["target_len"]) if "target_len" in metadata else None
 
 
 def ssmax_init(train_len: int) -> float:

@@ -132,7 +132,9 @@ class HeadEntropy:
 class EvaluationResult(ResultFile):
     """One ``evaluate`` run: the setting (``extension_label``), training length L, split, evaluation lengths,
     stride, corpora (the first is the primary one) and bootstrap resamples, the per-head temperatures when
-    they differ between heads ((n_layer, n_head), units of 1/sqrt(d)), and the sections that ran:
+    they differ between heads ((n_layer, n_head), units of 1/sqrt(d)), the length (tokens) the applied per-head
+    table was tuned at (``tuning_len``: HeadScale's ``target_len``; None without a tuned table, and in files
+    written before it was recorded), and the sections that ran:
     perplexity per corpus and length with its per-window rows, per-position curves, attention entropy (per
     head, and the mean over positions [0, n) per length n), passkey retrieval, long-context task scores per
     task and length (0-1; ``longctx_skipped``: task/length -> why), LongBench and harness metrics."""
@@ -157,6 +159,7 @@ class EvaluationResult(ResultFile):
     longctx_skipped: dict[str, str] | None = None
     longbench: dict[str, float] | None = None
     harness: dict[str, float] | None = None
+    tuning_len: int | None = None
 
     def perplexity(self, corpus: str, length: int) -> Perplexity | None:
         """The perplexity of ``corpus`` at ``length`` tokens, None when not measured."""
@@ -167,7 +170,7 @@ class EvaluationResult(ResultFile):
                                "lengths": self.lengths, "stride": self.stride, "corpora": self.corpora,
                                "bootstrap": self.bootstrap}
         sections = {
-            "temperature_table": self.temperature_table,
+            "temperature_table": self.temperature_table, "tuning_len": self.tuning_len,
             "ppl": None if self.ppl is None else {c: {n: p.body() for n, p in by_length.items()}
                                                   for c, by_length in self.ppl.items()},
             "windows": None if self.windows is None else {c: w.body() for c, w in self.windows.items()},
@@ -193,4 +196,4 @@ class EvaluationResult(ResultFile):
             section("position", PositionCurves.parse), section("entropy", HeadEntropy.parse),
             section("entropy_by_length", int_keys), section("passkey", PasskeyResults.parse),
             section("longctx", lambda s: {task: int_keys(scores) for task, scores in s.items()}),
-            data.get("longctx_skipped"), data.get("longbench"), data.get("harness"))
+            data.get("longctx_skipped"), data.get("longbench"), data.get("harness"), data.get("tuning_len"))

@@ -1,5 +1,9 @@
 """The passkey section of ``evaluate``'s result: every prompt's outcome as a named record, and the accuracies
-per length and per (length, depth) cell."""
+per length and per (length, depth) cell.
+
+On disk each outcome is a row ``[length, depth, key, correct]``; the key's token counts are a list beside the
+rows (``key_tokens``, one per row), so a reader that predates them still reads the rows. Files written before
+the counts were recorded have no such list: their outcomes read ``key_tokens=None`` (unknown)."""
 
 from __future__ import annotations
 
@@ -12,12 +16,15 @@ from nope_lightning.results.core import int_keys
 @dataclass(frozen=True)
 class PasskeyOutcome:
     """One prompt: its length (tokens), the key's depth (0-1 of the haystack), the key, and whether the
-    model's answer was exactly the key. The prompt is the same for every method: ``prompt`` identifies it."""
+    model's answer was exactly the key. The prompt is the same for every method: ``prompt`` identifies it.
+    ``key_tokens``: how many tokens the answer (the key's tokens, generated right after the prompt) takes, so
+    the answer occupies positions ``length + 1 .. length + key_tokens`` (1-based); None when not recorded."""
 
     length: int
     depth: float
     key: str
     correct: bool
+    key_tokens: int | None = None
 
     @property
     def prompt(self) -> tuple[int, float, str]:
@@ -50,15 +57,21 @@ class PasskeyResults:
         return [s for s in self.samples if length is None or s.length == length]
 
     def body(self) -> dict[str, Any]:
-        return {"prompt": self.prompt, "by_length": self.by_length, "overall": self.overall,
-                "by_length_interval": {n: list(i) for n, i in self.by_length_interval.items()},
-                "by_cell": [[c.length, c.depth, c.accuracy] for c in self.by_cell],
-                "samples": [[s.length, s.depth, s.key, s.correct] for s in self.samples]}
+        out = {"prompt": self.prompt, "by_length": self.by_length, "overall": self.overall,
+               "by_length_interval": {n: list(i) for n, i in self.by_length_interval.items()},
+               "by_cell": [[c.length, c.depth, c.accuracy] for c in self.by_cell],
+               "samples": [[s.length, s.depth, s.key, s.correct] for s in self.samples]}
+        counts = [s.key_tokens for s in self.samples]
+        if None not in counts:
+            out["key_tokens"] = counts
+        return out
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> PasskeyResults:
+        rows = data["samples"]
+        counts = data.get("key_tokens", [None] * len(rows))
         return cls(data.get("prompt", ""), int_keys(data.get("by_length", {})), data.get("overall", 0.0),
                    {n: tuple(i) for n, i in int_keys(data.get("by_length_interval", {})).items()},
                    [PasskeyCell(*cell) for cell in data.get("by_cell", [])],
-                   [PasskeyOutcome(*sample) for sample in data["samples"]])
+                   [PasskeyOutcome(*row, key_tokens=k) for row, k in zip(rows, counts, strict=True)])
 

@@ -5,7 +5,8 @@ Accuracies are exact match in [0, 1], lengths the task's own (e.g. digits), time
 
 Format versions: a cell (and the grid holding cells) of version 1 has no per-example record (``ood_correct``,
 ``test_digest``: read as empty); version 2 adds them, so that PE-vs-PE differences can be paired on the test
-examples (``analysis.synthetic_claims``)."""
+examples (``analysis.synthetic_claims``). The attention analysis's NoPE-vs-NoPE floor and per-seed values
+(``TaskAttention``) came later without a new version (they only add keys): a file without them reads them empty."""
 
 from __future__ import annotations
 
@@ -98,18 +99,31 @@ class SyntheticCell(ResultFile):
 
 @dataclass(frozen=True)
 class TaskAttention:
-    """One task's attention analysis, per PE (its paper name): the layer-mean min-head JSD to NoPE (nats) per
-    length, the same per layer, and the attended-distance histogram over ``edges``."""
+    """One task's attention analysis, per PE (its paper name in a grid, ours in a ``SeedAttention``): the layer-mean
+    min-head JSD to NoPE (nats) per length, the same per layer, and the attended-distance histogram over ``edges``.
+
+    The NoPE-vs-NoPE floor (``synthetic.analysis.floor_partner``): ``floor_by_layer[length]``, per layer, the same JSD
+    between the NoPE models of two seeds on the same inputs (a grid's: the mean over its seeds that have one);
+    ``floor_partners[seed]``: the seed whose NoPE model that seed's NoPE was compared with. ``by_seed[seed][pe]`` and
+    ``floor_by_seed[seed]``: each seed's per-layer JSD and floor, mean over the analysed lengths (what intervals
+    across seeds read; a grid's only: a ``SeedAttention`` is one seed). A file written before these reads them empty;
+    a grid's first seed has no floor (``floor_partners`` lacks it), so a grid of one seed has none."""
 
     jsd: dict[str, dict[int, float]]
     jsd_by_layer: dict[str, dict[int, list[float]]]
     hist: dict[str, list[int]]
     edges: list[float]
+    floor_by_layer: dict[int, list[float]] = field(default_factory=dict)
+    floor_partners: dict[int, int] = field(default_factory=dict)
+    by_seed: dict[int, dict[str, list[float]]] = field(default_factory=dict)
+    floor_by_seed: dict[int, list[float]] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> TaskAttention:
         return cls({pe: int_keys(v) for pe, v in data["jsd"].items()},
-                   {pe: int_keys(v) for pe, v in data["jsd_by_layer"].items()}, data["hist"], data["edges"])
+                   {pe: int_keys(v) for pe, v in data["jsd_by_layer"].items()}, data["hist"], data["edges"],
+                   *(int_keys(data.get(key, {})) for key in ("floor_by_layer", "floor_partners", "by_seed",
+                                                              "floor_by_seed")))
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from nope_lightning.eval.perplexity import (
     tiled_windows,
 )
 from nope_lightning.extension import extension_label, load_extended
-from nope_lightning.model.temperature import temperatures
+from nope_lightning.model.temperature import temperatures, tuning_len
 from nope_lightning.results.evaluation import EvaluationResult
 from nope_lightning.training.trainer import build_trainer, check_strategy
 
@@ -99,7 +99,8 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
 
     name = cfg.name or default_run_name(loaded, cfg)
     parts = Parts(local, name, EvaluationResult(train_len, corpora, extension_label(cfg.extension), cfg.split,
-                                                lengths, stride, cfg.bootstrap, temperature_table(model)))
+                                                lengths, stride, cfg.bootstrap, temperature_table(model),
+                                                tuning_len=tuning_len(loaded.config.model.temperature)))
     if lengths and parts.todo("windows"):
         docs = {corpus: comparable_documents(corpus, [a for _, a in named], max(lengths), cfg.split)
                 for corpus, named in named_docs.items()}

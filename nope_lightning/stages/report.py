@@ -23,7 +23,16 @@ from typing import Any
 import numpy as np
 
 from nope_lightning import tracking
-from nope_lightning.analysis import claims, markdown, plots, sweep, synthetic_claims, tables
+from nope_lightning.analysis import (
+    attention_claims,
+    claims,
+    markdown,
+    plots,
+    report_sections,
+    sweep,
+    synthetic_claims,
+    tables,
+)
 from nope_lightning.analysis.paper import CLAIMS_BY_ID
 from nope_lightning.analysis.stats import t_interval
 from nope_lightning.config.core import load_config
@@ -123,12 +132,12 @@ def gather(cfg: ReportConfig, out: Path, matrix_keys: list[str]) -> tuple[dict, 
 def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int,
                    methods: tables.Methods) -> tuple[list[str], dict[str, Any]]:
     """The tables and figures of one matrix point."""
-    sections = [tables.claims_table(outcomes) if outcomes else "",
+    sections = [report_sections.claims_table(outcomes) if outcomes else "",
                 tables.ppl_tables(evals, methods.paper_rows("table2")) if evals else "", tables.bucket_table(evals),
                 tables.ablation_table(evals, outcomes, methods.paper_rows("table4")), tables.passkey_table(evals),
                 tables.longctx_table(evals),
                 *(tables.paired_table(evals, resamples, reference) for reference in methods.references),
-                *(tables.search_section(method, by_seed) for method, by_seed in searches.items())]
+                *(report_sections.search_section(method, by_seed) for method, by_seed in searches.items())]
     figures: dict[str, Any] = {}
     for by_seed in searches.values():
         for seed, summary in by_seed.items():
@@ -166,11 +175,13 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
                 point_figures = {f"{_slug(point)}-{n}": f for n, f in point_figures.items()}
             sections += point_text
             figures.update(point_figures)
-    if cells := [cell for point in grids.values() for by_seed in point.values() for grid in by_seed.values()
-                 for cell in grid.runs]:  # paper 002: every grid's cells pooled (a study may span several files)
-        sections += [synthetic_claims.claims_table(synthetic_claims.evaluate_claims(cells, resamples)),
-                     synthetic_claims.exact_match_table(cells, resamples)]
-    sections.append(tables.recipe_section(pretrains))
+    # Paper 002: every grid's cells and attention analyses pooled (a study may span several files or seeds).
+    if grid_list := [grid for point in grids.values() for by_seed in point.values() for grid in by_seed.values()]:
+        cells = [cell for grid in grid_list for cell in grid.runs]
+        sections += [synthetic_claims.claims_table([*synthetic_claims.evaluate_claims(cells, resamples),
+                                                    *attention_claims.evaluate_attention_claims(grid_list)]),
+                     attention_claims.attention_table(grid_list), synthetic_claims.exact_match_table(cells, resamples)]
+    sections.append(report_sections.recipe_section(pretrains))
     for name, fig in figures.items():
         if fig is not None:
             fig.savefig(out / name, dpi=120, bbox_inches="tight")

@@ -10,9 +10,10 @@ config's newest parent, killed, failed or finished, training only the cells not 
 A cell is finished once its child run has the ``grid_cell`` tag, set last, after its ``results.json`` and kept
 weights: one write, so a cell killed before it is trained again and one killed after it never is (the run's status
 cannot tell: Lightning marks it FINISHED when ``fit`` ends, before the test; and a local result file would be a
-second record of what the store holds). A (task, seed)'s attention analysis, which needs all its models, is stored
-on the parent (``attention_by_seed/<task>_s<seed>.json``); until then its finished cells' weights are kept under
-``mlruns/checkpoints/synthetic-grid/<parent run>/`` (beside the artifact root; ``log_model`` may be off).
+second record of what the store holds). A (task, seed)'s attention analysis, which needs all its models and the previous
+seed's NoPE (the floor), is stored on the parent (``attention_by_seed/<task>_s<seed>.json``); until then its finished
+cells' weights, and its NoPE's until the next seed's, are kept under ``mlruns/checkpoints/synthetic-grid/<parent run>/``
+(beside the artifact root; ``log_model`` may be off).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from safetensors.torch import load_file
 from nope_lightning import tracking
 from nope_lightning.config.parts import TrackingConfig, TrainerConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, SyntheticGridConfig
+from nope_lightning.model.gpt import GPT
 from nope_lightning.results.synthetic import SeedAttention, SyntheticCell, SyntheticGridResult, TaskAttention
 from nope_lightning.stages.synthetic import (
     SyntheticData,
@@ -54,27 +56,17 @@ def analysis_device(cfg: TrainerConfig) -> torch.device:
     return torch.device("cuda" if gpu else "cpu")
 
 
-def analysis_sequences(data: SyntheticData, per_length: int, train_max: int) -> list[analysis.AnalysisSequence]:
-    """The first ``per_length`` examples of every length: ID ones from valid, OOD ones from test."""
-    taken: dict[int, int] = defaultdict(int)
-    sequences = []
-    for example in data.valid + data.test:
-        if taken[example.length] < per_length:
-            taken[example.length] += 1
-            ids, _ = data.vocab.encode(example)
-            sequences.append(analysis.AnalysisSequence(example.length, torch.tensor(ids),
-                                                       len(data.vocab.encode_prompt(example)) - 1,
-                                                       example.length > train_max))
-    return sorted(sequences, key=lambda s: s.length)
-
-
-def analyse_cell(runs: dict[str, Trained], grid: SyntheticGridConfig) -> analysis.AttentionReport:
-    """Attention of every PE of one (task, seed) against its NoPE model."""
+def analyse_cell(runs: dict[str, Trained], grid: SyntheticGridConfig,
+                 previous: tuple[int, GPT] | None) -> analysis.AttentionReport:
+    """Attention of every PE of one (task, seed) against its NoPE model, and the floor: ``previous`` (a seed and its
+    NoPE model; None: no floor) against that NoPE model."""
     device = analysis_device(grid.base.trainer)
     models = {pe: trained.model.to(device) for pe, trained in runs.items()}
     data = runs["nope"].data
-    sequences = analysis_sequences(data, grid.attention_examples_per_length, data.cfg.train_max)
-    report = analysis.analyse_attention(models, sequences, reference="nope", bins=grid.distance_bins)
+    sequences = analysis.analysis_sequences(data.vocab, data.valid + data.test, grid.attention_examples_per_length,
+                                            data.cfg.train_max)
+    floor = None if previous is None else (previous[0], previous[1].to(device))
+    report = analysis.analyse_attention(models, sequences, reference="nope", bins=grid.distance_bins, floor=floor)
     for model in models.values():
         model.cpu()
     return report
@@ -137,31 +129,21 @@ def log_grid(grid: SyntheticGridConfig, parent: str, results: list[SyntheticCell
 
 def log_attention(grid: SyntheticGridConfig, parent: str, reports: dict[tuple[str, int], analysis.AttentionReport],
                   train_max: dict[str, int]) -> dict[str, TaskAttention]:
-    """Per task: JSD-to-NoPE vs length (mean over seeds) and attended-distance histograms (summed)."""
+    """Per task, ``analysis.task_attention`` (JSD to NoPE over seeds, attended distances), plotted."""
     out: dict[str, TaskAttention] = {}
     for task in grid.tasks:
-        cells = [report for (t, _), report in reports.items() if t == task]
-        if not cells:
+        if not (cells := {seed: report for (t, seed), report in reports.items() if t == task}):
             continue
-        jsd = {PAPER_NAMES.get(pe, pe): {length: float(np.mean([c.jsd[pe][length] for c in cells]))
-                                         for length in cells[0].jsd[pe]}
-               for pe in cells[0].jsd}
-        by_layer = {PAPER_NAMES.get(pe, pe): {length: np.mean([c.jsd_layers[pe][length] for c in cells], axis=0).tolist()
-                                              for length in cells[0].jsd_layers[pe]}
-                    for pe in cells[0].jsd_layers}
-        hist = {PAPER_NAMES.get(pe, pe): sum(c.hist[pe] for c in cells) for pe in cells[0].hist}
+        out[task] = a = analysis.task_attention(cells, PAPER_NAMES)
         track = grid.base.tracking
         tracking.log_figure(track, parent, analysis.plot_curves(
-            jsd, train_max[task], f"{task}: min-head JSD to NoPE (nats, mean over layers)", "JSD (nats)"),
+            a.jsd, train_max[task], f"{task}: min-head JSD to NoPE (nats, mean over layers)", "JSD (nats)"),
             f"attention/jsd_{task}.png")
         tracking.log_figure(track, parent, analysis.plot_layer_curves(
-            by_layer, train_max[task], f"{task}: min-head JSD to NoPE per layer (nats)", "JSD (nats)"),
+            a.jsd_by_layer, train_max[task], f"{task}: min-head JSD to NoPE per layer (nats)", "JSD (nats)"),
             f"attention/jsd_by_layer_{task}.png")
         tracking.log_figure(track, parent, analysis.plot_distance_hist(
-            hist, cells[0].edges, f"{task}: attended distance, OOD output queries"),
-            f"attention/distance_{task}.png")
-        out[task] = TaskAttention(jsd, by_layer, {pe: counts.tolist() for pe, counts in hist.items()},
-                                  cells[0].edges.tolist())
+            a.hist, a.edges, f"{task}: attended distance, OOD output queries"), f"attention/distance_{task}.png")
     return out
 
 
@@ -215,16 +197,37 @@ def open_grid(cfg: SyntheticGridConfig) -> Grid:
 
 
 def kept_weights(cfg: SyntheticGridConfig, parent: str) -> Path:
-    """The folder of the weights kept until their (task, seed)'s attention analysis is stored."""
+    """The folder of the weights kept until their (task, seed)'s attention analysis (NoPE's: the next seed's) is stored."""
     return Path(cfg.base.tracking.artifact_root).parent / "checkpoints" / "synthetic-grid" / parent
 
 
-def load_trained(cell: SyntheticConfig, result: SyntheticCell, weights: Path) -> Trained:
-    """A finished cell again, from its kept weights and its regenerated data."""
+def load_model(cell: SyntheticConfig, weights: Path) -> tuple[GPT, SyntheticData]:
+    """A finished cell's model again, from its kept weights, and its regenerated data."""
     data = SyntheticData(cell)
     model = build_model(cell, data)
     model.load_state_dict(load_file(str(weights)))
-    return Trained(result, model, data)
+    return model, data
+
+
+def previous_nope(cfg: SyntheticGridConfig, parent: str, task: str, seed: int) -> tuple[int, GPT] | None:
+    """The seed and NoPE model that (task, seed)'s floor compares with (``analysis.floor_partner``), from the weights
+    kept since that seed's analysis; None for the first seed, or when they are gone (said so)."""
+    if (partner := analysis.floor_partner(cfg.seeds, seed)) is None:
+        return None
+    if not (weights := kept_weights(cfg, parent) / group_name(task, partner) / "nope.safetensors").exists():
+        grid_line(f"{task}/s{seed}: no NoPE-vs-NoPE floor, seed {partner}'s NoPE weights are gone ({weights})")
+        return None
+    return partner, load_model(cfg.base.cell(task, "nope", partner, parent), weights)[0]
+
+
+def release_weights(cfg: SyntheticGridConfig, parent: str, task: str, seed: int) -> None:
+    """After (task, seed)'s analysis: the previous seed's kept weights (its NoPE served this floor) and this seed's
+    but its NoPE, which the next seed's floor reads (the task's last seed keeps none)."""
+    if (partner := analysis.floor_partner(cfg.seeds, seed)) is not None:
+        shutil.rmtree(kept_weights(cfg, parent) / group_name(task, partner), ignore_errors=True)
+    for path in (kept_weights(cfg, parent) / group_name(task, seed)).glob("*"):
+        if seed == cfg.seeds[-1] or path.name != "nope.safetensors":
+            path.unlink()
 
 
 def run_group(cfg: SyntheticGridConfig, grid: Grid, cells: list[SyntheticConfig],
@@ -241,7 +244,7 @@ def run_group(cfg: SyntheticGridConfig, grid: Grid, cells: list[SyntheticConfig]
             grid_line(f"{key}: finished in run {run_id}, reused")
             result = SyntheticCell.load(tracking.download(track, run_id, "results.json"))
             if analyse:
-                runs[cell.pos_encoding] = load_trained(cell, result, weights)
+                runs[cell.pos_encoding] = Trained(result, *load_model(cell, weights))
         else:
             grid_line(f"{key}: training" + (f" again: the weights of run {run_id}, which the attention analysis "
                                              f"needs, are gone ({weights})" if run_id else ""))
@@ -257,16 +260,14 @@ def run_group(cfg: SyntheticGridConfig, grid: Grid, cells: list[SyntheticConfig]
 
 
 def store_report(track: TrackingConfig, parent: str, task: str, seed: int, report: analysis.AttentionReport) -> None:
-    hist = {pe: counts.tolist() for pe, counts in report.hist.items()}
-    stored = SeedAttention(task, seed, TaskAttention(report.jsd, report.jsd_layers, hist, report.edges.tolist()))
+    stored = SeedAttention(task, seed, report.stored(seed))
     tracking.log_json(track, parent, stored.to_dict(), f"{ATTENTION_DIR}/{group_name(task, seed)}.json")
 
 
 def stored_report(track: TrackingConfig, parent: str, task: str, seed: int) -> analysis.AttentionReport:
     """``store_report``'s analysis back (JSON keeps every float exactly, so the aggregate is the same)."""
-    a = SeedAttention.load(tracking.download(track, parent, f"{ATTENTION_DIR}/{group_name(task, seed)}.json")).attention
-    return analysis.AttentionReport(a.jsd, a.jsd_by_layer, {pe: np.asarray(h) for pe, h in a.hist.items()},
-                                    np.asarray(a.edges))
+    stored = SeedAttention.load(tracking.download(track, parent, f"{ATTENTION_DIR}/{group_name(task, seed)}.json"))
+    return analysis.AttentionReport.from_stored(stored.attention, seed)
 
 
 def run(cfg: SyntheticGridConfig) -> dict[str, Any]:
@@ -285,9 +286,9 @@ def run(cfg: SyntheticGridConfig) -> dict[str, Any]:
             group_results, runs = run_group(cfg, grid, list(group), analyse)
             results += group_results
             if analyse:
-                reports[(task, seed)] = analyse_cell(runs, cfg)
+                reports[(task, seed)] = analyse_cell(runs, cfg, previous_nope(cfg, grid.parent, task, seed))
                 store_report(track, grid.parent, task, seed, reports[(task, seed)])
-                shutil.rmtree(kept_weights(cfg, grid.parent) / group_name(task, seed), ignore_errors=True)
+                release_weights(cfg, grid.parent, task, seed)
             elif cfg.attention_examples_per_length:
                 reports[(task, seed)] = stored_report(track, grid.parent, task, seed)
         summary = log_grid(cfg, grid.parent, results, reports)

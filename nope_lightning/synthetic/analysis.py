@@ -10,6 +10,11 @@
 * ``attended_distances`` / ``attended_distance_hist`` — the reference's normalised attended distance
   ``(i - argmax_j a[i, j]) / (i + 1)`` for 0-based query i (divided by the i + 1 keys it can see), in
   [0, 1): 0 is the query itself, values near 1 the start of the sequence.
+* ``floor_partner`` / ``analyse_attention(floor=...)`` — the NoPE-vs-NoPE floor: the same JSD between the NoPE
+  models of two seeds on one seed's inputs, against which "PE X's attention is close to NoPE's" is read. A PE's
+  model shares its seed's initial weights and batch order with that seed's NoPE (``stages.synthetic.build_model``);
+  two NoPE seeds share neither, so a PE can sit below the floor through its seed alone: the floor scales
+  "close", it is no noise floor that a PE's JSD must exceed.
 
 Attention maps come from a teacher-forced forward over the whole ``<bos> prompt <sep> target <eos>``
 sequence (as the reference's analyzers), one example at a time, so no padding enters a row.
@@ -28,6 +33,9 @@ import torch
 from nope_lightning.analysis.markdown import render as render_table
 from nope_lightning.model.gpt import GPT
 from nope_lightning.model.probes import attention_logits, attention_probe
+from nope_lightning.results.synthetic import TaskAttention
+from nope_lightning.synthetic.core import Example
+from nope_lightning.synthetic.vocab import Vocabulary
 
 # --- ranking ----------------------------------------------------------------------------------------
 
@@ -135,38 +143,111 @@ class AnalysisSequence(NamedTuple):
     ood: bool
 
 
+def analysis_sequences(vocab: Vocabulary, examples: Sequence[Example], per_length: int,
+                       train_max: int) -> list[AnalysisSequence]:
+    """The first ``per_length`` of ``examples`` (valid then test: ID, then OOD) of every length, by length."""
+    taken: dict[int, int] = defaultdict(int)
+    sequences = []
+    for example in examples:
+        if taken[example.length] < per_length:
+            taken[example.length] += 1
+            ids, _ = vocab.encode(example)
+            sequences.append(AnalysisSequence(example.length, torch.tensor(ids), len(vocab.encode_prompt(example)) - 1,
+                                              example.length > train_max))
+    return sorted(sequences, key=lambda s: s.length)
+
+
 @dataclass
 class AttentionReport:
     """``jsd[pe][length]``: layer-mean min-head JSD to the reference, averaged over examples of that
     length; ``jsd_layers[pe][length]``: the same per layer (paper 002's Fig 4 shows layers apart: the first
     layers, which read positions, differ most between encodings); ``hist[pe]``: attended-distance counts over
-    OOD examples' output queries; ``edges``: bins."""
+    OOD examples' output queries; ``edges``: bins. ``floor_layers[length]``: per layer, the same JSD between the
+    reference model and the reference PE's model of another seed, ``floor_seed`` (``floor_partner``), on the same
+    sequences; empty (and ``floor_seed`` None) without one."""
 
     jsd: dict[str, dict[int, float]] = field(default_factory=dict)
     jsd_layers: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     hist: dict[str, np.ndarray] = field(default_factory=dict)
     edges: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    floor_layers: dict[int, list[float]] = field(default_factory=dict)
+    floor_seed: int | None = None
+
+    def stored(self, seed: int) -> TaskAttention:
+        """The report of seed ``seed`` as stored (``SeedAttention``); ``from_stored`` reads it back."""
+        partners = {} if self.floor_seed is None else {seed: self.floor_seed}
+        return TaskAttention(self.jsd, self.jsd_layers, {pe: c.tolist() for pe, c in self.hist.items()},
+                             self.edges.tolist(), self.floor_layers, partners)
+
+    @classmethod
+    def from_stored(cls, a: TaskAttention, seed: int) -> AttentionReport:
+        return cls(a.jsd, a.jsd_by_layer, {pe: np.asarray(h) for pe, h in a.hist.items()}, np.asarray(a.edges),
+                   a.floor_by_layer, a.floor_partners.get(seed))
 
 
-def analyse_attention(models: Mapping[str, GPT], sequences: Sequence[AnalysisSequence],
-                      reference: str = "nope", bins: int = 20) -> AttentionReport:
-    """JSD of every model's attention to ``models[reference]`` vs length, and attended-distance histograms."""
+def floor_partner(seeds: Sequence[int], seed: int) -> int | None:
+    """The seed whose NoPE model is compared with ``seed``'s for its NoPE-vs-NoPE floor: the one before it in the
+    grid's ``seeds``; None for the first. Each (task, seed) is analysed as soon as its models are trained, on its own
+    inputs, with only the previous seed's NoPE kept for it: the floor is stored once with the rest of that seed's
+    analysis and a resumed grid needs no other model. n seeds give n - 1 floors, each pair of neighbours once
+    (closing the cycle, the first seed against the last, would give n, but with 2 seeds one pair twice and with more
+    each NoPE model in two floors, which a t interval across seeds would count as independent)."""
+    index = list(seeds).index(seed)
+    return seeds[index - 1] if index else None
+
+
+def analyse_attention(models: Mapping[str, GPT], sequences: Sequence[AnalysisSequence], reference: str = "nope",
+                      bins: int = 20, floor: tuple[int, GPT] | None = None) -> AttentionReport:
+    """JSD of every model's attention to ``models[reference]`` vs length, and attended-distance histograms; with
+    ``floor`` (a seed, and the reference PE's model of that seed) also that model's JSD to the reference."""
     jsd_values: dict[str, dict[int, list[np.ndarray]]] = defaultdict(lambda: defaultdict(list))
-    report = AttentionReport(edges=np.linspace(0.0, 1.0, bins + 1))
+    report = AttentionReport(edges=np.linspace(0.0, 1.0, bins + 1), floor_seed=None if floor is None else floor[0])
     report.hist = {name: np.zeros(bins, dtype=np.int64) for name in models}
+    floor_values: dict[int, list[np.ndarray]] = defaultdict(list)
     for seq in sequences:
         ref = attention_maps(models[reference], seq.ids)
+        if floor is not None:
+            floor_values[seq.length].append(min_head_jsd(attention_maps(floor[1], seq.ids), ref).numpy())
         for name, model in models.items():
             maps = ref if name == reference else attention_maps(model, seq.ids)
             if name != reference:
                 jsd_values[name][seq.length].append(min_head_jsd(maps, ref).numpy())  # (n_layer,)
             if seq.ood:
                 report.hist[name] += attended_distance_hist(maps, seq.query_start, len(seq.ids) - 1, bins)[0]
-    report.jsd_layers = {name: {length: np.mean(v, axis=0).tolist() for length, v in sorted(per_length.items())}
-                         for name, per_length in jsd_values.items()}
+    report.jsd_layers = {name: _per_length(per_length) for name, per_length in jsd_values.items()}
     report.jsd = {name: {length: float(np.mean(v)) for length, v in per_length.items()}
                   for name, per_length in report.jsd_layers.items()}
+    report.floor_layers = _per_length(floor_values)
     return report
+
+
+def _per_length(values: Mapping[int, Sequence[np.ndarray]]) -> dict[int, list[float]]:
+    """Per length (ascending), the mean over its examples of their (n_layer,) values."""
+    return {length: np.mean(v, axis=0).tolist() for length, v in sorted(values.items())}
+
+
+def _length_mean(per_length: Mapping[int, Sequence[float]]) -> list[float]:
+    """The mean over lengths (each weighing the same) of per-layer values: (n_layer,)."""
+    return np.mean(list(per_length.values()), axis=0).tolist()
+
+
+def task_attention(reports: Mapping[int, AttentionReport], names: Mapping[str, str]) -> TaskAttention:
+    """One task's analysis over its seeds (``reports[seed]``, every seed's of the same lengths; PEs renamed by
+    ``names``): JSD per length and per layer, mean over seeds; histograms summed; the floor per length and layer,
+    mean over the seeds that have one; and each seed's per-layer JSD and floor, mean over the analysed lengths (ID
+    and OOD, each length weighing the same, as paper 002's Fig 4 pools SCAN's instances)."""
+    cells, first = list(reports.values()), next(iter(reports.values()))
+    floors = [c.floor_layers for c in cells if c.floor_layers]
+    return TaskAttention(
+        {names.get(pe, pe): {length: float(np.mean([c.jsd[pe][length] for c in cells])) for length in first.jsd[pe]}
+         for pe in first.jsd},
+        {names.get(pe, pe): {length: np.mean([c.jsd_layers[pe][length] for c in cells], axis=0).tolist()
+                             for length in first.jsd_layers[pe]} for pe in first.jsd_layers},
+        {names.get(pe, pe): sum(c.hist[pe] for c in cells).tolist() for pe in first.hist}, first.edges.tolist(),
+        {length: np.mean([f[length] for f in floors], axis=0).tolist() for length in floors[0]} if floors else {},
+        {seed: c.floor_seed for seed, c in reports.items() if c.floor_seed is not None},
+        {seed: {names.get(pe, pe): _length_mean(v) for pe, v in c.jsd_layers.items()} for seed, c in reports.items()},
+        {seed: _length_mean(c.floor_layers) for seed, c in reports.items() if c.floor_layers})
 
 
 # --- tables and plots -------------------------------------------------------------------------------
@@ -244,10 +325,12 @@ def plot_ood_table(table: Mapping[str, Mapping[str, float]], columns: Sequence[s
     return fig
 
 
-def plot_distance_hist(hist: Mapping[str, np.ndarray], edges: np.ndarray, title: str):
+def plot_distance_hist(hist: Mapping[str, Sequence[int]], edges: Sequence[float], title: str):
     """Normalised attended-distance histograms, one panel per PE (fractions of queries); a Figure."""
     fig, axes = _figure(2.6 * len(hist), 2.8, ncols=len(hist), sharey=True)
+    edges = np.asarray(edges)
     for ax, (name, counts) in zip(np.atleast_1d(axes), hist.items(), strict=True):
+        counts = np.asarray(counts)
         ax.bar(edges[:-1], counts / max(1, counts.sum()), width=np.diff(edges), align="edge")
         ax.set(title=name, xlabel="(i - argmax j) / (i + 1)", xlim=(0, 1))
     fig.suptitle(title)
