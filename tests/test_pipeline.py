@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from nope_lightning.config import PipelineConfig, PipelineStep, load_config, to_yaml
+from nope_lightning.config.pipeline import ReportSource
 from nope_lightning.pipeline.registry import get_stage, run_stage, stage_config
 from nope_lightning.pipeline.runkey import RunKey
 from nope_lightning.pipeline.steps import (
@@ -388,9 +389,44 @@ def test_a_report_over_pipeline_runs_in_two_stores_pools_their_seeds(two_seeds, 
     assert "3 seeds: mean over seeds" in text  # nope: seeds 5 and 6 here, 7 there
     assert "| nope-tiny[seed=7] | nope |" in text.split("### Pre-training recipe of the models above")[1]
     twice = dataclasses.replace(both, also=[*both.also, *both.also])
-    with pytest.raises(ValueError, match=f"pipeline runs {second['run_id']} and {second['run_id']} both hold "
+    with pytest.raises(ValueError, match=f"pipeline run {second['run_id']} and pipeline run {second['run_id']} both hold "
                                          "evaluate 'nope' seed 7"):
         run_stage("report", twice)
+    # The other machine's store is gone; its report's results bundle, committed, stands in for it.
+    alone = run_stage("report", stage_config("report", None, [f"run={second['run_id']}", f"tracking.uri={uri}",
+                                                              f"tracking.artifact_root={other}/artifacts",
+                                                              f"out_dir={tmp_path / 'seed7'}"]))
+    committed = dataclasses.replace(both, also=[ReportSource(results=str(Path(alone["markdown"]).parent / "results"))],
+                                    out_dir=str(tmp_path / "committed"))
+    assert Path(run_stage("report", committed)["markdown"]).read_text() == text
+
+
+def test_a_report_made_again_from_its_committed_results_is_the_same_report(full_run, tmp_path):
+    """The report writes the results it read (``<out_dir>/results``, a bundle to commit); from that folder alone,
+    with no store, the same report comes back to the byte, and again in place; a bundle beside the store it came
+    from holds the same runs twice: an error naming both."""
+    root, first = full_run
+    track = [f"tracking.uri=sqlite:///{root}/mlflow.db", f"tracking.artifact_root={root}/artifacts"]
+    made = run_stage("report", stage_config("report", None, [f"run={first['run_id']}", *track,
+                                                             f"out_dir={tmp_path / 'made'}"]))
+    folder = Path(made["markdown"]).parent
+    files = {p.relative_to(folder / "results"): p.read_bytes() for p in (folder / "results").rglob("*") if p.is_file()}
+    assert {str(p).split("/")[0] for p in files} >= {"index.json", "evaluate", "scale-search"}
+    for out, bundle in ((tmp_path / "again", folder / "results"), (tmp_path / "again", tmp_path / "again/results")):
+        again = run_stage("report", stage_config("report", None, [f"also=[{{results: '{bundle}'}}]",
+                                                                  f"out_dir={out}"]))
+        assert again["run_id"] == "" and Path(again["markdown"]).read_text() == Path(made["markdown"]).read_text()
+        assert {p.relative_to(out / "results"): p.read_bytes()
+                for p in (out / "results").rglob("*") if p.is_file()} == files
+        assert sorted(p.name for p in out.glob("*.png")) == sorted(p.name for p in folder.glob("*.png"))
+    with pytest.raises(ValueError, match=f"pipeline run {first['run_id']} and results bundle .* both hold evaluate"):
+        run_stage("report", stage_config("report", None, [f"run={first['run_id']}", *track,
+                                                          f"also=[{{results: '{folder / 'results'}'}}]",
+                                                          f"out_dir={tmp_path / 'twice'}"]))
+    with pytest.raises(ValueError, match="either run=<pipeline run id> .* or results="):
+        stage_config("report", None, [f"run={first['run_id']}", f"also=[{{run: x, results: '{folder}'}}]"])
+    with pytest.raises(ValueError, match="a report without run= is logged nowhere: give out_dir="):
+        stage_config("report", None, [f"also=[{{results: '{folder / 'results'}'}}]"])
 
 
 def test_a_rerun_logs_what_the_file_now_says_to_the_report(full_run, data_cache):

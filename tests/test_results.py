@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nope_lightning.pipeline.runkey import RunKey
 from nope_lightning.results import (
     BucketAccuracy,
     ConvergedEntropy,
@@ -35,6 +36,7 @@ from nope_lightning.results import (
     SyntheticGridResult,
     TaskAttention,
 )
+from nope_lightning.results.bundle import Bundle, Placed, Recipe
 from tests.conftest import REPO
 
 CURVE = Curve([3.0, 3.5], [2.9, 3.4], [3.1, 3.6], [[300.0, 700.0], [310.0, 690.0]])
@@ -104,6 +106,50 @@ def test_a_newer_version_fails_in_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"is a scale-search result of format version 2, newer than this") as err:
         ScaleSearchResult.load(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_bundle_keeps_every_result_at_its_place_and_reads_back(tmp_path):
+    """A report's results bundle: each result through its type (gzipped JSON), placed by its run key, the
+    experiment files, recipe rows and run-made files; written twice from the same results, the same bytes."""
+    config = tmp_path / "small.yaml"
+    config.write_text("name: small\n")
+    figure = tmp_path / "headscale-fig5.png"
+    figure.write_bytes(b"png")
+    keys = [RunKey("nope", 1234, (("n_layer", "2"),), "evaluate", "eval_nope"),
+            RunKey("nope lambda=1.5", 1234, (), "scale-search", "search"), RunKey("nope", 2345, (), "headscale", "hs"),
+            RunKey("grid", 7, (), "synthetic-grid", "grid")]
+    results = [Placed(k, f"run-{n}", r) for n, (k, r) in enumerate(zip(keys, [EVALUATION, SEARCH, HEADSCALE, GRID], strict=True))]
+    bundle = Bundle([("small", "abc"), ("other", "def")], [config, None], results,
+                    [Recipe("pretrain-nope", {"seed": "1234", "tokens_per_parameter": "None"})], [figure])
+    folder = bundle.write(tmp_path / "results")
+    first = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    assert sorted(map(str, first)) == ["evaluate/nope-s1234-n_layer2.json.gz", "files/headscale-fig5.png",
+                                       "headscale/nope-s2345.json.gz", "index.json", "pipeline-abc.yaml",
+                                       "scale-search/nope_lambda_1.5-s1234.json.gz", "synthetic-grid/grid-s7.json.gz"]
+    back = Bundle.read(folder)
+    assert back.pipelines == bundle.pipelines and back.pretrains == bundle.pretrains
+    assert [p.key for p in back.results] == keys and [p.name for p in back.results] == [p.name for p in results]
+    assert [on_disk(p.result) for p in back.results] == [on_disk(p.result) for p in results]
+    assert back.configs[0].read_text() == "name: small\n" and back.configs[1] is None
+    assert back.files[0].read_bytes() == b"png"
+    back.write(folder)  # in place, from its own files: the same bytes
+    assert {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()} == first
+
+
+def test_a_missing_newer_or_damaged_bundle_fails_in_one_line(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"holds no index.json: point also=\[\{results: \.\.\.\}\] at"):
+        Bundle.read(tmp_path / "nowhere")
+    folder = Bundle([("small", "abc")], [None], [Placed(RunKey("nope", 1, (), "evaluate"), "r", EVALUATION)]).write(
+        tmp_path / "results")
+    index = json.loads((folder / "index.json").read_text())
+    (folder / "index.json").write_text(json.dumps({**index, "version": 2}))
+    with pytest.raises(ValueError, match="results bundle of format version 2, newer than this nope-lightning"):
+        Bundle.read(folder)
+    (folder / "index.json").write_text(json.dumps(index))
+    (folder / "evaluate/nope-s1.json.gz").write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match=r"damaged results bundle \(BadGzipFile.*git checkout --") as err:
+        Bundle.read(folder)
+    assert "\n" not in str(err.value)
 
 
 # --- the results home is the only reader of a result file ------------------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import re
 from html.parser import HTMLParser
-from types import SimpleNamespace
 
 import pytest
 
@@ -26,6 +25,7 @@ from nope_lightning.analysis.tables import (
 from nope_lightning.config import PipelineConfig, PipelineStep, ScaleSearchConfig, load_config
 from nope_lightning.eval.summary import octaves
 from nope_lightning.results import EvaluationResult, ScaleSearchResult
+from nope_lightning.results.bundle import Recipe
 from nope_lightning.stages.scale_search import trial_config
 from tests.conftest import REPO
 
@@ -208,8 +208,7 @@ def test_the_html_report_embeds_its_images_and_renders_tables(tmp_path):
 def test_the_recipe_table_shows_an_unset_setting_as_not_set():
     # MLflow stores params as strings: tokens_per_parameter=None (the budget given by max_steps) arrives as "None".
     params = {"model.pos_encoding": "nope", "trainer.max_steps": "2750", "tokens_per_parameter": "None"}
-    run = SimpleNamespace(info=SimpleNamespace(run_name="pretrain-nope"), data=SimpleNamespace(params=params))
-    (row,) = [line for line in recipe_section([run]).splitlines() if line.startswith("| pretrain-nope")]
+    (row,) = [line for line in recipe_section([Recipe("pretrain-nope", params)]).splitlines() if line.startswith("| pretrain-nope")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1 + RECIPE_KEYS.index("tokens_per_parameter")] == MISSING
     assert cells[1 + RECIPE_KEYS.index("trainer.max_steps")] == "2750"

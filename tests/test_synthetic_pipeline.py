@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from nope_lightning import tracking
+from nope_lightning.analysis.sources import pipeline_runs
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.synthetic import SyntheticConfig
 from nope_lightning.pipeline import runner
@@ -19,7 +20,6 @@ from nope_lightning.pipeline.runkey import RunKey
 from nope_lightning.pipeline.steps import expand, step_config, step_hash
 from nope_lightning.results.synthetic import SyntheticGridResult
 from nope_lightning.stages import synthetic_grid
-from nope_lightning.stages.report import pipeline_runs
 from tests.conftest import REPO
 
 TINY = REPO / "conf/synthetic/tiny.yaml"

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from nope_lightning.analysis.claims import Outcome
 from nope_lightning.analysis.stats import Interval
 from nope_lightning.analysis.tables import MISSING, cell, markdown_table
+from nope_lightning.results.bundle import Recipe
 from nope_lightning.results.search import ScaleSearchResult
 
 
@@ -38,15 +39,13 @@ RECIPE_KEYS = ("model.pos_encoding", "model.ssmax", "model.n_layer", "model.n_em
                "optim.min_lr_ratio", "retrieval.fraction", "retrieval.length", "seed")
 
 
-def recipe_section(pretrains: list) -> str:
-    """Which pre-training recipe produced the models: every figure above depends on it."""
+def recipe_section(pretrains: Sequence[Recipe]) -> str:
+    """Which pre-training recipe produced the models: every figure above depends on it. An unset setting arrives
+    as the string "None" (MLflow logs params as strings) and is printed as not set."""
     if not pretrains:
         return ""
-    def param(run, key: str) -> str:  # MLflow logs an unset (None) setting as the string "None"
-        value = run.data.params.get(key, "None")
-        return MISSING if value == "None" else value
-
-    rows = [[run.info.run_name, *[param(run, k) for k in RECIPE_KEYS]] for run in pretrains]
+    rows = [[r.name, *[MISSING if r.params.get(k, "None") == "None" else r.params[k] for k in RECIPE_KEYS]]
+            for r in pretrains]
     return ("### Pre-training recipe of the models above\n\n" + markdown_table(["run", *RECIPE_KEYS], rows)
             + "\n\nA retrieval fraction above 0 means passkey sequences were mixed into pre-training (off in "
               "the paper's recipe): passkey figures of such models measure a skill the model was taught inside "

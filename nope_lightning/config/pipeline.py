@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from nope_lightning.analysis.paper import CLAIMS_BY_ID, PRECONDITION_NEEDS, TEST_NEEDS, Claim, row_problem
 from nope_lightning.config.core import check_bootstrap
@@ -196,28 +197,35 @@ def _assignment(override: str) -> tuple[str, str]:
 
 @dataclass
 class ReportSource:
-    """Another pipeline run a report reads beside its own: ``run`` (its MLflow run id) in the store ``uri``
-    (empty: the report's own store), e.g. a study split into files, or one seed per file, run on several
-    machines."""
+    """Another source a report reads beside its own: a pipeline run ``run`` (its MLflow run id) in the store
+    ``uri`` (empty: the report's own store), or ``results``, the results bundle an earlier report wrote
+    (``<out_dir>/results``, e.g. committed under ``experiments/results/<study>/results``) — a study split into
+    files, or one seed per file, run on several machines or days."""
 
     run: str = ""
     uri: str = ""
+    results: str = ""
 
     def __post_init__(self) -> None:
-        if not self.run:
-            raise ValueError("also: every entry needs run=<pipeline run id> (and uri=<store> when it is in another "
-                             "store)")
+        if bool(self.run) == bool(self.results):
+            raise ValueError("also: every entry needs either run=<pipeline run id> (and uri=<store> when it is in "
+                             "another store) or results=<a report's results/ folder>")
+        if self.results and self.uri:
+            raise ValueError("also: uri= belongs to a run= entry; a results= folder is read as it is")
 
 
 @dataclass
 class ReportConfig:
     """``nope-lightning run report run=<pipeline run id>``: markdown tables + PNG plots from tracked runs,
-    written under ``out_dir`` (default ``mlruns/reports/<run id>``) and logged to MLflow. The claims tested
+    written under ``out_dir`` (default ``mlruns/reports/<run id>``) with the results they read
+    (``<out_dir>/results``, a bundle to commit with the report) and logged to MLflow. The claims tested
     (``claims``), the sweep section (``sweep``) and the bootstrap resamples (``bootstrap``) are the pipeline's
-    own (its logged ``config.yaml``) unless given here (unset: ``None`` / ``0``). ``also``: further pipeline
-    runs reported together with ``run`` (``"also=[{run: <id>}, {run: <id>, uri: 'sqlite:///other/mlflow.db'}]"``):
-    their runs join ``run``'s, placed by their own tags (a seed or a method that two runs both hold is an error,
-    not a silent choice); the report is logged to ``run``."""
+    own (its logged ``config.yaml``) unless given here (unset: ``None`` / ``0``). ``also``: further sources
+    reported together with ``run`` (``"also=[{run: <id>}, {run: <id>, uri: 'sqlite:///other/mlflow.db'},
+    {results: experiments/results/hybrids/results}]"``): their runs join ``run``'s, placed by their own tags (a
+    seed or a method that two sources both hold is an error, not a silent choice); the report is logged to
+    ``run``. Without ``run``, the report is made from ``also`` alone into ``out_dir`` and logged nowhere (a
+    committed report regenerated from its committed results)."""
 
     run: str = ""
     out_dir: str = ""
@@ -228,8 +236,11 @@ class ReportConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
-        if not self.run:
-            raise ValueError("run= is required: the MLflow run id of a pipeline")
+        if not self.run and not self.also:
+            raise ValueError("run= is required: the MLflow run id of a pipeline (or also=[{results: <folder>}] "
+                             "with out_dir=, to report committed results)")
+        if not self.run and not self.out_dir:
+            raise ValueError("a report without run= is logged nowhere: give out_dir=<folder> to write it into")
         for claim_id in self.claims or ():
             if claim_id not in CLAIMS_BY_ID:
                 raise ValueError(f"unknown claim {claim_id!r}; claims: {', '.join(CLAIMS_BY_ID)}")
@@ -237,7 +248,10 @@ class ReportConfig:
             check_bootstrap("bootstrap", self.bootstrap)
 
     @property
-    def sources(self) -> list[tuple[TrackingConfig, str]]:
-        """``(store, pipeline run id)`` of ``run`` and of every ``also`` entry, ``run`` first."""
-        return [(self.tracking, self.run), *((dataclasses.replace(self.tracking, uri=s.uri) if s.uri else
-                                              self.tracking, s.run) for s in self.also)]
+    def sources(self) -> list[tuple[TrackingConfig, str] | Path]:
+        """``(store, pipeline run id)`` of ``run`` and of every ``also`` run, a ``Path`` for every ``also``
+        results bundle; ``run`` first."""
+        runs = [(self.tracking, self.run)] if self.run else []
+        return [*runs, *(Path(s.results) if s.results else
+                         (dataclasses.replace(self.tracking, uri=s.uri) if s.uri else self.tracking, s.run)
+                         for s in self.also)]

@@ -1,20 +1,20 @@
 """``report``: markdown tables and PNG plots from the runs of a pipeline, with the papers' numbers beside ours.
 
-Reads the pipeline's runs from MLflow (evaluate ``results.json``, scale-search ``scale_search.json``, HeadScale
-and synthetic artifacts, each through its ``nope_lightning.results`` type) and groups them by matrix point,
-method and seed (each run's ``RunKey``). It tests the pipeline's claims (``analysis/claims.py``), writes the
-tables (``analysis/tables.py``) or, for a sweep, the sweep section (``analysis/sweep.py``), the figures with their bands, ``report.md`` and a self-contained
-``report.html`` under ``out_dir``, and logs them, with per-method headline metrics, to the pipeline run itself
-(artifact folder ``report/``; a rerun overwrites them, so there is one report per pipeline run). What it
-knows of each method (the paper row it sits beside, its family, the paired table's reference) is the
-experiment file's (``tables.Methods``), never read from the method's label.
+Reads its sources (``analysis/sources.py``: pipeline runs in MLflow stores, results bundles earlier reports
+wrote) and groups their results by matrix point, method and seed (each run's ``RunKey``). It tests the
+pipeline's claims (``analysis/claims.py``), writes the tables (``analysis/tables.py``) or, for a sweep, the
+sweep section (``analysis/sweep.py``), the figures with their bands, ``report.md``, a self-contained
+``report.html`` and the results it read (``results/``, a bundle: ``results/bundle.py``) under ``out_dir``, and
+logs them, with per-method headline metrics, to the pipeline run itself (artifact folder ``report/``; a rerun
+overwrites them, so there is one report per pipeline run). What it knows of each method (the paper row it sits
+beside, its family, the paired table's reference) is the experiment file's (``tables.Methods``), never read
+from the method's label.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import shutil
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -33,100 +33,12 @@ from nope_lightning.analysis import (
     synthetic_claims,
     tables,
 )
+from nope_lightning.analysis import sources as report_sources
 from nope_lightning.analysis.paper import CLAIMS_BY_ID
 from nope_lightning.analysis.stats import t_interval
-from nope_lightning.config.core import load_config
-from nope_lightning.config.parts import TrackingConfig
-from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
-from nope_lightning.pipeline.runkey import RunKey
+from nope_lightning.config.pipeline import ReportConfig
+from nope_lightning.results.bundle import Bundle
 from nope_lightning.results.evaluation import Curve, EvaluationResult
-from nope_lightning.results.headscale import HeadScaleResult
-from nope_lightning.results.search import ScaleSearchResult
-from nope_lightning.results.synthetic import SyntheticGridResult
-
-
-def pipeline_runs(store: TrackingConfig, pipeline_run: str) -> list[tuple[Any, RunKey]]:
-    """The runs behind a pipeline's figures with their places, oldest first: one per step record — the run the
-    step started, or the one it reused (a finished step of another pipeline run found by its hash, a model found
-    by name, such as ``small``'s for ``small_temperature``), placed where this pipeline's record says — and the
-    direct children no record names (a step killed mid-way), placed by their own tags."""
-    client = tracking.client(store)
-    parent = client.get_run(pipeline_run)
-    children = {run.info.run_id: run for run in client.search_runs(
-        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{pipeline_run}'",
-        order_by=["attributes.start_time ASC"], max_results=5000)}
-    placed = []
-    for record in tracking.step_records(store, pipeline_run).values():
-        if run_id := record["result"].get("run_id"):
-            run = children.get(run_id) or client.get_run(run_id)
-            # A record written before records held their tags: the run's own tags place it.
-            placed.append((run, RunKey.from_tags(record.get("tags") or run.data.tags, run.info.run_name)))
-    recorded = {run.info.run_id for run, _ in placed}
-    placed += [(run, RunKey.from_tags(run.data.tags, run.info.run_name)) for run_id, run in children.items()
-               if run_id not in recorded]
-    return sorted(placed, key=lambda pair: pair[0].info.start_time)
-
-
-#: The result file each gathered stage logs and its type: ``stage -> (file, type)``.
-RESULTS = {"evaluate": ("results.json", EvaluationResult), "scale-search": ("scale_search.json", ScaleSearchResult),
-           "headscale": ("headscale.json", HeadScaleResult), "synthetic-grid": ("results.json", SyntheticGridResult)}
-
-
-def _artifact_json(store: TrackingConfig, run_id: str, stage: str) -> Any:
-    """The run's result file (``RESULTS[stage]``) read through its type, None when the run has none."""
-    path, kind = RESULTS[stage]
-    if path not in {a.path for a in tracking.client(store).list_artifacts(run_id)}:
-        return None
-    return kind.load(tracking.download(store, run_id, path))
-
-
-def _logged_config(store: TrackingConfig, pipeline_run: str) -> PipelineConfig | None:
-    """The experiment file a pipeline run logged (``config.yaml``), None when it logged none."""
-    names = {a.path for a in tracking.client(store).list_artifacts(pipeline_run)}
-    return (load_config(PipelineConfig, tracking.download(store, pipeline_run, "config.yaml"))
-            if "config.yaml" in names else None)
-
-
-def pipeline_settings(cfg: ReportConfig) -> tuple[list[str], dict[str, str], int, list[str], tables.Methods]:
-    """``(claims, sweep, bootstrap, matrix keys, methods)``: this config's, else the pipeline run's logged
-    config's; what the files say of their methods always comes from the logged configs (every source's)."""
-    logged = [_logged_config(store, run) for store, run in cfg.sources]
-    first = logged[0]
-    claim_ids = cfg.claims if cfg.claims is not None else (first.claims if first else [])
-    axes = cfg.sweep if cfg.sweep is not None else (first.sweep if first else {})
-    resamples = cfg.bootstrap or (first.bootstrap if first else 1000)
-    return claim_ids, axes, resamples, list(first.matrix) if first else [], tables.Methods.of(*logged)
-
-
-def gather(cfg: ReportConfig, out: Path, matrix_keys: list[str]) -> tuple[dict, dict, dict, dict, list]:
-    """``(evaluations, searches, HeadScale runs, synthetic grids, pretrain runs)`` of every source; the first four
-    are ``point -> method -> seed -> results``, a point being the run's matrix values ``((key, value), ...)``,
-    ``()`` without a matrix. A (point, method, seed) that two sources both hold is a ``ValueError``: which one the report shows
-    must not depend on the order of ``also``."""
-    evals: dict = defaultdict(lambda: defaultdict(dict))
-    searches: dict = defaultdict(lambda: defaultdict(dict))
-    tuned: dict = defaultdict(lambda: defaultdict(dict))
-    grids: dict = defaultdict(lambda: defaultdict(dict))
-    pretrains, first_seed, origin = [], None, {}
-    for source, (store, pipeline_run) in enumerate(cfg.sources):
-        for run, key in pipeline_runs(store, pipeline_run):
-            first_seed = key.seed if first_seed is None else first_seed
-            values = dict(key.point)
-            point = tuple((k, values[k]) for k in matrix_keys if k in values) if matrix_keys else key.point
-            found = {"evaluate": evals, "scale-search": searches, "headscale": tuned,  # HeadScale: the claims' (Fig 5)
-                     "synthetic-grid": grids}.get(key.stage)
-            if found is not None and (result := _artifact_json(store, run.info.run_id, key.stage)):
-                place = (key.stage, point, key.method, key.seed)
-                if origin.setdefault(place, source) != source:
-                    raise ValueError(f"pipeline runs {cfg.sources[origin[place]][1]} and {pipeline_run} both hold "
-                                     f"{key.stage} {key.method!r} seed {key.seed}: report each alone, or drop one "
-                                     f"from also")
-                found[point][key.method][key.seed] = result
-            elif key.stage == "pretrain" and run.info.run_id not in {r.info.run_id for r in pretrains}:
-                pretrains.append(run)  # once, though steps at several points may share one model
-            if key.seed == first_seed:  # their own figures (Fig 5, synthetic accuracy) from the first replicate
-                _copy_pngs(store, run, out, key.method)
-    return evals, searches, tuned, grids, pretrains
 
 
 def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int,
@@ -156,9 +68,10 @@ def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int,
 def run(cfg: ReportConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir or f"mlruns/reports/{cfg.run}").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    claim_ids, axes, resamples, matrix_keys, methods = pipeline_settings(cfg)
-    pipeline = tracking.client(cfg.tracking).get_run(cfg.run)
-    evals, searches, tuned, grids, pretrains = gather(cfg, out, matrix_keys)
+    sources = report_sources.open_sources(cfg)
+    claim_ids, axes, resamples, matrix_keys, methods = report_sources.pipeline_settings(cfg, sources)
+    found = report_sources.gather(sources, out, matrix_keys)
+    evals, searches, tuned, grids = found.evals, found.searches, found.tuned, found.grids
     points = sorted(set(evals) | set(searches))
     runs_by_point = {p: {**tuned.get(p, {}), **searches.get(p, {}), **evals.get(p, {})} for p in points}
     sections, figures = [], {}
@@ -181,26 +94,28 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
         sections += [synthetic_claims.claims_table([*synthetic_claims.evaluate_claims(cells, resamples),
                                                     *attention_claims.evaluate_attention_claims(grid_list)]),
                      attention_claims.attention_table(grid_list), synthetic_claims.exact_match_table(cells, resamples)]
-    sections.append(report_sections.recipe_section(pretrains))
+    sections.append(report_sections.recipe_section(found.recipes))
     for name, fig in figures.items():
         if fig is not None:
             fig.savefig(out / name, dpi=120, bbox_inches="tight")
             plots.plt.close(fig)
     sections += [md.read_text() for md in sorted(out.glob("*.md")) if md.name != "report.md"]
     pngs = sorted(p.name for p in out.glob("*.png"))
-    together = "".join(f", with pipeline `{tracking.client(store).get_run(run).info.run_name}` (run {run})"
-                       for store, run in cfg.sources[1:])
-    text = (f"# Report: pipeline `{pipeline.info.run_name}` (run {cfg.run}){together}\n\n"
+    pipelines = [p for source in sources for p in source.pipelines()]
+    (name, first), together = pipelines[0], "".join(f", with pipeline `{n}` (run {r})" for n, r in pipelines[1:])
+    text = (f"# Report: pipeline `{name}` (run {first}){together}\n\n"
             + "\n\n".join(s for s in sections if s)
             + "\n\n## Plots\n\n" + "\n".join(f"![{p}]({p})" for p in pngs) + "\n")
     (out / "report.md").write_text(text)
-    (out / "report.html").write_text(markdown.html_page(text, out, f"Report: {pipeline.info.run_name}"))
-    # Into the pipeline's own run (no run of its own): a rerun overwrites the same artifacts and metrics.
-    tracking.log_artifacts(cfg.tracking, cfg.run, out, "report")
-    logged = tracking.client(cfg.tracking).get_run(cfg.run).data.metrics
-    headline = comparison_metrics(evals.get((), {})) if len(points) <= 1 else {}
-    tracking.log_metrics(cfg.tracking, cfg.run, {k: v for k, v in headline.items()
-                                                 if logged.get(k) != v})  # no duplicate points on a rerun
+    (out / "report.html").write_text(markdown.html_page(text, out, f"Report: {name}"))
+    Bundle(pipelines, [c for source in sources for c in source.configs()], found.placed, found.recipes,
+           found.files).write(out / "results")
+    if cfg.run:  # into the pipeline's own run (no run of its own): a rerun overwrites the same artifacts and metrics
+        tracking.log_artifacts(cfg.tracking, cfg.run, out, "report")
+        logged = tracking.client(cfg.tracking).get_run(cfg.run).data.metrics
+        headline = comparison_metrics(evals.get((), {})) if len(points) <= 1 else {}
+        tracking.log_metrics(cfg.tracking, cfg.run, {k: v for k, v in headline.items()
+                                                     if logged.get(k) != v})  # no duplicate points on a rerun
     return {"run_id": cfg.run, "markdown": str(out / "report.md"), "html": str(out / "report.html"),
             "methods": len({m for p in evals.values() for m in p})}
 
@@ -269,21 +184,6 @@ def comparison_metrics(evals: dict) -> dict[str, float]:
         if accuracy:
             out[f"{slug}/passkey/mean"] = float(np.mean(accuracy))
     return out
-
-
-def _copy_pngs(store: TrackingConfig, run, out: Path, method: str) -> None:
-    """Bring the PNGs that HeadScale and synthetic runs made themselves (Fig 5, per-length accuracy)."""
-    if run.data.tags.get("stage") not in ("headscale", "synthetic-grid", "synthetic"):
-        return
-    client = tracking.client(store)
-    for folder in (None, "plots", "headscale"):
-        for artifact in client.list_artifacts(run.info.run_id, folder):
-            if artifact.path.endswith(".png"):
-                local = tracking.download(store, run.info.run_id, artifact.path)
-                shutil.copy(local, out / f"{method.replace(' ', '_')}-{Path(artifact.path).name}")
-            elif artifact.path.endswith(".md"):
-                text = tracking.download(store, run.info.run_id, artifact.path).read_text()
-                (out / f"{method.replace(' ', '_')}-{Path(artifact.path).name}").write_text(text)
 
 
 # --- declared results: the registry's ``Stage.results`` (what a later step may reference; the dry run) ---

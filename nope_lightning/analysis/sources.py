@@ -1,0 +1,208 @@
+"""Where a report's results come from: pipeline runs in an MLflow store, or results bundles (``results/bundle.py``)
+that earlier reports wrote and a study committed. Both give the same things — the runs' results placed by their
+``RunKey``, the experiment files, the pre-training recipes, the figures runs made themselves — so the report
+neither knows nor cares whether a seed was run here today or committed from another machine last week.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nope_lightning import tracking
+from nope_lightning.analysis import tables
+from nope_lightning.analysis.report_sections import RECIPE_KEYS
+from nope_lightning.config.core import load_config
+from nope_lightning.config.parts import TrackingConfig
+from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
+from nope_lightning.pipeline.runkey import RunKey
+from nope_lightning.results.bundle import STAGE_RESULTS, Bundle, Placed, Recipe
+from nope_lightning.results.core import ResultFile
+
+
+@dataclass
+class Item:
+    """One run of a source: its ``key``, run ``name`` and ``identity`` (one model placed at several points is
+    one recipe row), its ``result`` (gathered stages), its ``recipe`` (pre-training), and ``copy``, which brings
+    the figures and notes the run made itself into a folder and returns their paths."""
+
+    key: RunKey
+    name: str
+    identity: str
+    result: ResultFile | None = None
+    recipe: Recipe | None = None
+    copy: Callable[[Path], list[Path]] = lambda out: []
+
+
+def pipeline_runs(store: TrackingConfig, pipeline_run: str) -> list[tuple[Any, RunKey]]:
+    """The runs behind a pipeline's figures with their places, oldest first: one per step record — the run the
+    step started, or the one it reused (a finished step of another pipeline run found by its hash, a model found
+    by name, such as ``small``'s for ``small_temperature``), placed where this pipeline's record says — and the
+    direct children no record names (a step killed mid-way), placed by their own tags."""
+    client = tracking.client(store)
+    parent = client.get_run(pipeline_run)
+    children = {run.info.run_id: run for run in client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{pipeline_run}'",
+        order_by=["attributes.start_time ASC"], max_results=5000)}
+    placed = []
+    for record in tracking.step_records(store, pipeline_run).values():
+        if run_id := record["result"].get("run_id"):
+            run = children.get(run_id) or client.get_run(run_id)
+            # A record written before records held their tags: the run's own tags place it.
+            placed.append((run, RunKey.from_tags(record.get("tags") or run.data.tags, run.info.run_name)))
+    recorded = {run.info.run_id for run, _ in placed}
+    placed += [(run, RunKey.from_tags(run.data.tags, run.info.run_name)) for run_id, run in children.items()
+               if run_id not in recorded]
+    return sorted(placed, key=lambda pair: pair[0].info.start_time)
+
+
+@dataclass
+class StoreSource:
+    """A pipeline run ``run`` in the MLflow store ``store``."""
+
+    store: TrackingConfig
+    run: str
+
+    @property
+    def label(self) -> str:
+        return f"pipeline run {self.run}"
+
+    def pipelines(self) -> list[tuple[str, str]]:
+        return [(tracking.client(self.store).get_run(self.run).info.run_name, self.run)]
+
+    def configs(self) -> list[Path | None]:
+        """The experiment file the pipeline run logged (``config.yaml``), None when it logged none."""
+        names = {a.path for a in tracking.client(self.store).list_artifacts(self.run)}
+        return [tracking.download(self.store, self.run, "config.yaml") if "config.yaml" in names else None]
+
+    def items(self) -> Iterator[Item]:
+        for run, key in pipeline_runs(self.store, self.run):
+            run_id, result, recipe = run.info.run_id, None, None
+            if key.stage in STAGE_RESULTS:
+                path, kind = STAGE_RESULTS[key.stage]
+                if path in {a.path for a in tracking.client(self.store).list_artifacts(run_id)}:
+                    result = kind.load(tracking.download(self.store, run_id, path))
+            elif key.stage == "pretrain":
+                recipe = Recipe(run.info.run_name, {k: run.data.params.get(k, "None") for k in RECIPE_KEYS})
+            yield Item(key, run.info.run_name, run_id, result, recipe,
+                       lambda out, run=run, key=key: _copy_run_files(self.store, run, out, key.method))
+
+
+@dataclass
+class BundleSource:
+    """A results bundle a report wrote (``<out_dir>/results``), e.g. committed under ``experiments/results``."""
+
+    folder: Path
+    bundle: Bundle = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bundle = Bundle.read(self.folder)
+
+    @property
+    def label(self) -> str:
+        return f"results bundle {self.folder}"
+
+    def pipelines(self) -> list[tuple[str, str]]:
+        return list(self.bundle.pipelines)
+
+    def configs(self) -> list[Path | None]:
+        return list(self.bundle.configs)
+
+    def items(self) -> Iterator[Item]:
+        # The bundle's figures were the first seed's when it was written: they come with its first result.
+        files = list(self.bundle.files)
+        for n, placed in enumerate(self.bundle.results):
+            yield Item(placed.key, placed.name, f"{self.folder}:{placed.name}", placed.result,
+                       copy=(lambda out: _copy_files(files, out)) if n == 0 else (lambda out: []))
+        for recipe in self.bundle.pretrains:
+            yield Item(RunKey(recipe.name, stage="pretrain"), recipe.name, f"{self.folder}:{recipe.name}",
+                       recipe=recipe)
+
+
+def open_sources(cfg: ReportConfig) -> list[StoreSource | BundleSource]:
+    """``cfg.run`` (when given) and every ``also`` entry, in order."""
+    return [BundleSource(Path(s)) if isinstance(s, (str, Path)) else StoreSource(*s) for s in cfg.sources]
+
+
+def pipeline_settings(cfg: ReportConfig, sources: list) -> tuple[list[str], dict[str, str], int, list[str],
+                                                                 tables.Methods]:
+    """``(claims, sweep, bootstrap, matrix keys, methods)``: this config's, else the first pipeline's logged
+    config's; what the files say of their methods always comes from every source's logged configs."""
+    logged = [load_config(PipelineConfig, path) if path else None for s in sources for path in s.configs()]
+    first = logged[0]
+    claim_ids = cfg.claims if cfg.claims is not None else (first.claims if first else [])
+    axes = cfg.sweep if cfg.sweep is not None else (first.sweep if first else {})
+    resamples = cfg.bootstrap or (first.bootstrap if first else 1000)
+    return claim_ids, axes, resamples, list(first.matrix) if first else [], tables.Methods.of(*logged)
+
+
+@dataclass
+class Gathered:
+    """Every source's results: ``evals``, ``searches``, ``tuned`` (HeadScale), ``grids`` (synthetic), each
+    ``point -> method -> seed -> result``, a point being the run's matrix values ``((key, value), ...)`` (``()``
+    without a matrix); the pre-training ``recipes``; and, for the report's bundle, everything ``placed`` and the
+    run-made ``files`` copied into the report's folder."""
+
+    evals: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
+    searches: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
+    tuned: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
+    grids: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
+    recipes: list[Recipe] = field(default_factory=list)
+    placed: list[Placed] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+
+
+def gather(sources: list, out: Path, matrix_keys: list[str]) -> Gathered:
+    """Every source's runs, placed. A (stage, point, method, seed) that two sources both hold is a
+    ``ValueError``: which one the report shows must not depend on the order of ``also``."""
+    found = Gathered()
+    tables_by_stage = {"evaluate": found.evals, "scale-search": found.searches,
+                       "headscale": found.tuned, "synthetic-grid": found.grids}  # HeadScale: the claims' (Fig 5)
+    first_seed, origin, identities = None, {}, set()
+    for number, source in enumerate(sources):
+        for item in source.items():
+            key = item.key
+            first_seed = key.seed if first_seed is None else first_seed
+            values = dict(key.point)
+            point = tuple((k, values[k]) for k in matrix_keys if k in values) if matrix_keys else key.point
+            if item.result is not None:
+                place = (key.stage, point, key.method, key.seed)
+                if (held := origin.setdefault(place, (number, source.label)))[0] != number:
+                    raise ValueError(f"{held[1]} and {source.label} both hold {key.stage} {key.method!r} "
+                                     f"seed {key.seed}: report each alone, or drop one from also")
+                tables_by_stage[key.stage][point][key.method][key.seed] = item.result
+                found.placed.append(Placed(key, item.name, item.result))
+            elif item.recipe is not None and item.identity not in identities:
+                identities.add(item.identity)  # once, though steps at several points may share one model
+                found.recipes.append(item.recipe)
+            if key.seed == first_seed:  # their own figures (Fig 5, synthetic accuracy) from the first replicate
+                found.files += item.copy(out)
+    return found
+
+
+def _copy_files(files: list[Path], out: Path) -> list[Path]:
+    """A bundle's run-made files into ``out``, as the report shows them; a file already there stays (an earlier
+    source's, or this bundle's own when a report is regenerated in place)."""
+    for path in files:
+        if not (out / path.name).exists():
+            shutil.copyfile(path, out / path.name)
+    return [out / path.name for path in files]
+
+
+def _copy_run_files(store: TrackingConfig, run, out: Path, method: str) -> list[Path]:
+    """The PNGs and notes that HeadScale and synthetic runs made themselves (Fig 5, per-length accuracy), as
+    ``<method>-<name>`` in ``out``."""
+    if run.data.tags.get("stage") not in ("headscale", "synthetic-grid", "synthetic"):
+        return []
+    client, copied = tracking.client(store), []
+    for folder in (None, "plots", "headscale"):
+        for artifact in client.list_artifacts(run.info.run_id, folder):
+            if artifact.path.endswith((".png", ".md")):
+                local = tracking.download(store, run.info.run_id, artifact.path)
+                copied.append(out / f"{method.replace(' ', '_')}-{Path(artifact.path).name}")
+                shutil.copyfile(local, copied[-1])
+    return copied
