@@ -2,9 +2,10 @@
 
     python experiments/synthetic_cost.py [--sample 2000] [--epochs 20]
 
-Per task at the paper recipe (experiments/synthetic_grid_paper.yaml, its first seed) it builds the data as
-a run does (``SyntheticData``: the same generator, vocabulary and loader), the training split cut to
-``--sample`` examples (a run has ``n_train``), and counts the positions the model computes:
+Per task at the recipe the grid file gives it (experiments/synthetic_grid_paper.yaml: the paper recipe, its
+``task_overrides`` included, e.g. PCFG's 100K steps; the file's first seed) it builds the data as a run does
+(``SyntheticData``: the same generator, vocabulary and loader), the training split cut to ``--sample``
+examples (a run has ``n_train``), and counts the positions the model computes:
 
 * training: a batch is right-padded to its longest sequence (``pad_batch``), the model reads
   ``ids[:, :-1]``: a step of B rows of width W costs B*W positions, padding included. W is averaged over
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +46,6 @@ from nope_lightning.stages.synthetic import SyntheticData
 from nope_lightning.synthetic import Example, Vocabulary
 
 GRID = Path(__file__).resolve().parent / "synthetic_grid_paper.yaml"
-PAPER_STEPS = {"pcfg": 100_000}  # the paper trains PCFG 100K steps (the grid file: every task 40K)
 H100_BF16 = 989e12  # FLOP/s: H100 SXM dense bf16 peak (NVIDIA's datasheet; 1,979 T is with sparsity)
 # Assumed MFUs: an 85M model on steps of a few thousand tokens is bound by kernel launches, not by the
 # tensor cores (a step takes milliseconds at these rates: printed), so its MFU is low; 10 % is pessimistic.
@@ -118,13 +119,25 @@ def run_cost(cell: SyntheticConfig, sample: int, epochs: int) -> RunCost:
                    batch * float(attention.mean()), *val, *test)
 
 
+def steps_text(steps: dict[str, int]) -> str:
+    """Optimizer steps per task in words: ``pcfg 100,000, the other 16 tasks 40,000`` (or ``every task
+    40,000``)."""
+    common = Counter(steps.values()).most_common(1)[0][0]
+    others = [f"{task} {count:,}" for task, count in steps.items() if count != common]
+    rest = f"the other {len(steps) - len(others)} tasks" if others else "every task"
+    return ", ".join([*others, f"{rest} {common:,}"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=2000, help="training examples generated per task")
     parser.add_argument("--epochs", type=int, default=20, help="shuffles of the sample for batch widths")
     args = parser.parse_args()
     grid = load_config(SyntheticGridConfig, GRID)
-    base, seeds, steps_file = grid.base, len(grid.seeds), grid.base.trainer.max_steps
+    base, seeds = grid.base, len(grid.seeds)
+    # Per task its first seed's NoPE cell, as the grid resolves it (task_overrides included).
+    cells = {cell.task: cell for cell in grid.cells()
+             if (cell.seed, cell.pos_encoding) == (grid.seeds[0], "nope")}
     # N per PE: T5's relative-bias table (buckets x heads, a lookup) is its only extra weight. train_len
     # sets only RoPE scaling's reference length, no weight.
     n_params = {pe: non_embedding_parameters(dataclasses.replace(base.model, pos_encoding=pe),
@@ -140,34 +153,30 @@ def main() -> None:
     print("\n| task | steps | seq len mean / max | batch width | tokens/step | tokens/run "
           f"| train FLOP/run (attention) | eval FLOP/run | FLOP, {len(n_params)} PEs x {seeds} seeds |")
     print("|---|---|---|---|---|---|---|---|---|")
-    val_every = base.trainer.val_every_n_steps
-    total = {"paper": 0.0, "file": 0.0}  # PCFG at the paper's 100K steps / at the grid file's 40K
+    total = 0.0
     step_flops = []  # one training step's FLOP, per task (NoPE)
-    for task in grid.tasks:
-        cost = run_cost(base.cell(task, "nope", grid.seeds[0]), args.sample, args.epochs)
-        steps = PAPER_STEPS.get(task, steps_file)
-        # The task's PEs (each its own N) x seeds, at the paper's steps and at the file's.
-        flops = {key: seeds * sum(cost.flops(v + heads[task], s, val_every) for v in n_params.values())
-                 for key, s in (("paper", steps), ("file", steps_file))}
-        total = {key: total[key] + flops[key] for key in total}
+    for task, cell in cells.items():
+        cost = run_cost(cell, args.sample, args.epochs)
+        steps, val_every = cell.trainer.max_steps, cell.trainer.val_every_n_steps
+        # The task's PEs (each its own N) x seeds.
+        flops = seeds * sum(cost.flops(v + heads[task], steps, val_every) for v in n_params.values())
+        total += flops
         train = cost.train_flops(n + heads[task], steps)
         step_flops.append(train / steps)
         print(f"| {task} | {steps:,} | {cost.mean_len:.1f} / {cost.max_len} "
               f"| {cost.tokens_per_step / base.batch_size:.1f} | {cost.tokens_per_step:,.0f} "
               f"| {steps * cost.tokens_per_step:.3g} "
               f"| {train:.3g} ({steps * cost.attention_per_step / train:.1%}) "
-              f"| {cost.eval_flops(n + heads[task], steps, val_every):.3g} | {flops['paper']:.3g} |")
+              f"| {cost.eval_flops(n + heads[task], steps, val_every):.3g} | {flops:.3g} |")
     runs = len(grid.tasks) * len(n_params) * seeds
-    print(f"\nTotal, {len(grid.tasks)} tasks x {len(n_params)} PEs x {seeds} seeds = {runs} runs: "
-          f"{total['paper']:.3g} FLOP with PCFG at {PAPER_STEPS['pcfg']:,} steps (the paper); "
-          f"{total['file']:.3g} FLOP as experiments/synthetic_paper.yaml runs it "
-          f"(every task {steps_file:,} steps).")
+    task_steps = steps_text({task: cell.trainer.max_steps for task, cell in cells.items()})
+    print(f"\nTotal, {len(grid.tasks)} tasks x {len(n_params)} PEs x {seeds} seeds = {runs} runs, as "
+          f"experiments/synthetic_paper.yaml runs them ({task_steps} steps): {total:.3g} FLOP.")
     for mfu in MFUS:
-        hours = {key: flops / (H100_BF16 * mfu) / 3600 for key, flops in total.items()}
+        hours = total / (H100_BF16 * mfu) / 3600
         step_ms = 1e3 * float(np.mean(step_flops)) / (H100_BF16 * mfu)
-        print(f"H100-hours at {mfu:.0%} MFU ({H100_BF16 * mfu / 1e12:.0f} TFLOP/s sustained): "
-              f"{hours['paper']:.1f} (paper), {hours['file']:.1f} (file); "
-              f"{60 * hours['paper'] / runs:.1f} min per run and {step_ms:.1f} ms per training step "
+        print(f"H100-hours at {mfu:.0%} MFU ({H100_BF16 * mfu / 1e12:.0f} TFLOP/s sustained): {hours:.1f}; "
+              f"{60 * hours / runs:.1f} min per run and {step_ms:.1f} ms per training step "
               "(mean over tasks).")
 
 

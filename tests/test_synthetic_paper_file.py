@@ -38,10 +38,12 @@ def test_the_paper_file_passes_the_dry_run_with_255_cells(tmp_path, capfd):
     plan = run_stage("pipeline", stage_config("pipeline", str(PIPELINE), [
         f"tracking.uri={track.uri}", f"tracking.artifact_root={track.artifact_root}", "dry_run=true"]))
     assert plan["name"] == "synthetic_paper" and plan["seeds"] == SEEDS and plan["problems"] == []
-    # One grid per replicate seed (the grid file's own seed list gives way), each 17 tasks x 5 PEs, 40K steps.
+    # One grid per replicate seed (the grid file's own seed list gives way), each 17 tasks x 5 PEs, 40K steps
+    # but PCFG's 100K (the paper's, the grid file's task_overrides).
     steps = plan["steps"]
     assert [s["id"] for s in steps] == [f"grid[seed={seed}]" for seed in SEEDS]
-    assert all((s["stage"], s["cells"], s["steps"]) == ("synthetic-grid", 17 * 5, 40_000) for s in steps)
+    per_task = {task: 100_000 if task == "pcfg" else 40_000 for task in TASKS}
+    assert all((s["stage"], s["cells"], s["steps"]) == ("synthetic-grid", 17 * 5, per_task) for s in steps)
     assert sum(s["cells"] for s in steps) == len(TASKS) * len(PAPER_PES) * len(SEEDS) == 255
     for step in steps:
         assert set(step["lengths"]) == set(TASKS)

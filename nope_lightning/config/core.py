@@ -72,9 +72,10 @@ def _format_error(err: OmegaConfBaseException) -> str:
     return f"config key '{key}': {msg}" if key else msg
 
 
-def load_config(cls: type[T], yaml_path: str | os.PathLike | None = None,
+def load_config(cls: type[T] | T, yaml_path: str | os.PathLike | None = None,
                 overrides: list[str] | tuple[str, ...] = ()) -> T:
-    """Merge ``cls`` defaults <- YAML file <- ``key=value`` overrides into a validated ``cls``.
+    """Merge ``cls`` defaults <- YAML file <- ``key=value`` overrides into a validated ``cls``. ``cls`` may be a
+    config instance: its values stand in for the defaults (a synthetic grid's per-task overrides of ``base``).
 
     Raises ``ValueError`` (naming the key) for unknown keys, wrong types, bad choices, out-of-range
     values and malformed overrides; ``FileNotFoundError`` for a missing YAML file.

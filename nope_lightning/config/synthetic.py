@@ -17,10 +17,15 @@ import json
 import warnings
 from dataclasses import dataclass, field
 
-from nope_lightning.config.core import POS_ENCODINGS, check_choice, check_range, to_dict
+from nope_lightning.config.core import POS_ENCODINGS, check_choice, check_range, load_config, to_dict
 from nope_lightning.config.parts import ModelConfig, OptimConfig, TrackingConfig, TrainerConfig
 from nope_lightning.synthetic.core import Example
 from nope_lightning.synthetic.tasks import TASKS, get_task, make_split
+
+#: Keys of a cell that the grid sets itself (``SyntheticConfig.cell``): a task override may not set them, nor
+#: ``tracking.*`` (the grid's one store, ``base.tracking``), paired with the grid key to set instead.
+GRID_SET_KEYS = {"task": "tasks", "pos_encoding": "pos_encodings", "model.pos_encoding": "pos_encodings",
+                 "seed": "seeds", "name": "name", "tracking": "base.tracking"}
 
 #: The paper's five PEs in our names: NoPE, T5's relative bias, ALiBi, Rotary and APE (sinusoidal, as
 #: the reference's ``abs_sinusoid``; ``learned`` is our other absolute variant, not in the paper's grid).
@@ -199,6 +204,9 @@ class SyntheticGridConfig:
     ``base.seed`` and ``base.name`` are replaced); ``base.tracking`` is the store of the parent and all
     children (in a pipeline, the pipeline's store and run: the stage registry's ``Stage.tracking`` names this
     key, so the grid keeps one tracking setting; a replicate's seed sets ``seeds``, ``Stage.seed``).
+    ``task_overrides``: per task, ``key=value`` overrides of ``base`` (``{pcfg: [trainer.max_steps=100000]}``)
+    merged onto it for that task's cells only, as ``load_config`` merges a command line (unknown keys and bad
+    values raise naming the task); a key the grid sets per cell (``GRID_SET_KEYS``) is refused.
     ``attention_examples_per_length``: examples per length (in-distribution from valid, OOD from test) for the
     attention analysis of every PE against NoPE of the same seed (0: no analysis);
     ``distance_bins``: bins of the attended-distance histogram.
@@ -208,6 +216,7 @@ class SyntheticGridConfig:
     tasks: list[str] = field(default_factory=lambda: ["copy_repeat", "reverse", "addition"])
     pos_encodings: list[str] = field(default_factory=lambda: list(PAPER_PES))
     seeds: list[int] = field(default_factory=lambda: [0])
+    task_overrides: dict[str, list[str]] = field(default_factory=dict)
     attention_examples_per_length: int = 4
     distance_bins: int = 20
     name: str = ""
@@ -224,17 +233,44 @@ class SyntheticGridConfig:
         if self.attention_examples_per_length and "nope" not in self.pos_encodings:
             raise ValueError("attention_examples_per_length > 0 compares every PE with NoPE: add nope to "
                              "pos_encodings or set attention_examples_per_length=0")
+        self._check_task_overrides()
         self.cells()  # runs every cell's own checks (task names, PEs, lengths) before any compute
+
+    def _check_task_overrides(self) -> None:
+        if unknown := [task for task in self.task_overrides if task not in self.tasks]:
+            raise ValueError(f"task_overrides names tasks not in tasks: {', '.join(unknown)}; add them to "
+                             f"tasks or drop their overrides")
+        for task, overrides in self.task_overrides.items():
+            for override in overrides:
+                key = override.split("=", 1)[0].strip()
+                grid_key = GRID_SET_KEYS.get("tracking" if key.startswith("tracking.") else key)
+                if grid_key is not None:
+                    raise ValueError(f"task_overrides.{task}: {override!r} sets a key the grid sets for "
+                                     f"every cell; set {grid_key} instead")
 
     @property
     def config_hash(self) -> str:
         """16 hex digits of the whole resolved config (tracking, and the pipeline run it is nested under,
         included): the tag by which running the same grid again finds its parent run and resumes it."""
-        return hashlib.sha256(json.dumps(to_dict(self), sort_keys=True, default=str).encode()).hexdigest()[:16]
+        fields = to_dict(self)
+        if not self.task_overrides:  # a grid from before task_overrides existed keeps its hash, so it resumes
+            del fields["task_overrides"]
+        return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def task_base(self, task: str) -> SyntheticConfig:
+        """``base`` for ``task``'s cells: ``base`` itself, or with ``task_overrides[task]`` merged onto it (at
+        that task, so that its overrides are checked against it: lengths, scratchpads, positions)."""
+        if task not in self.task_overrides:
+            return self.base
+        try:  # load_config merges onto the values of what it is given: here base's, not the schema's defaults
+            return load_config(self.base, overrides=[f"task={task}", *self.task_overrides[task]])
+        except ValueError as err:
+            raise ValueError(f"task_overrides.{task}: {err}") from None
 
     def cells(self, parent_run_id: str = "") -> list[SyntheticConfig]:
         """Every (task, seed, PE) config, grouped so that one (task, seed)'s PEs are consecutive."""
-        return [self.base.cell(task, pe, seed, parent_run_id)
+        bases = {task: self.task_base(task) for task in self.tasks}
+        return [bases[task].cell(task, pe, seed, parent_run_id)
                 for task in self.tasks for seed in self.seeds for pe in self.pos_encodings]
 
     @property

@@ -281,12 +281,15 @@ def plan_finetune(cfg, model: Model | None, entry: dict) -> None:
 
 
 def plan_synthetic(cfg: SyntheticConfig | SyntheticGridConfig, model: Model | None, entry: dict) -> None:
-    """A synthetic run or grid: its cells (task x PE x seed) and optimizer steps per cell, and per task its longest
-    training and test length (the task's own measure, e.g. digits) and the most positions decoding a test sequence
-    takes over the seeds, beside ``model.max_positions``. The config already refused a sequence that does not
-    fit: this shows the headroom."""
+    """A synthetic run or grid: its cells (task x PE x seed); ``steps``, the optimizer steps of a cell: one
+    number when every cell trains as many, else ``{task: steps}`` (a grid's ``task_overrides``); and per task
+    its longest training and test length (the task's own measure, e.g. digits) and the most positions decoding
+    a test sequence takes over the seeds, beside that task's ``model.max_positions``. The config already
+    refused a sequence that does not fit (each task at its own overrides): this shows the headroom."""
     cells = cfg.cells() if isinstance(cfg, SyntheticGridConfig) else [cfg]
-    entry["cells"], entry["steps"] = len(cells), cells[0].trainer.max_steps
+    steps = {cell.task: cell.trainer.max_steps for cell in cells}  # a grid varies them per task only
+    entry["cells"] = len(cells)
+    entry["steps"] = steps if len(set(steps.values())) > 1 else cells[0].trainer.max_steps
     for cell in cells:
         row = entry["lengths"].setdefault(cell.task, {"train_max": cell.train_max, "test_max": cell.test_max,
                                                       "positions": 0, "max_positions": cell.model.max_positions})

@@ -179,6 +179,8 @@ ADDED_FIELDS: dict[str, Any] = {
     # per-layer position encodings and windows (hybrid NoPE/RoPE models), iRoPE's temperature and its search
     "layer_pattern": [], "nope_every": 0, "layer_windows": [], "rope_window": None, "irope_beta": 0.0,
     "irope_floor": 1.0, "parameter": "lambda",
+    # a synthetic grid's per-task recipes
+    "task_overrides": {},
 }
 
 

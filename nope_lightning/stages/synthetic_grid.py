@@ -217,7 +217,7 @@ def previous_nope(cfg: SyntheticGridConfig, parent: str, task: str, seed: int) -
     if not (weights := kept_weights(cfg, parent) / group_name(task, partner) / "nope.safetensors").exists():
         grid_line(f"{task}/s{seed}: no NoPE-vs-NoPE floor, seed {partner}'s NoPE weights are gone ({weights})")
         return None
-    return partner, load_model(cfg.base.cell(task, "nope", partner, parent), weights)[0]
+    return partner, load_model(cfg.task_base(task).cell(task, "nope", partner, parent), weights)[0]
 
 
 def release_weights(cfg: SyntheticGridConfig, parent: str, task: str, seed: int) -> None:
