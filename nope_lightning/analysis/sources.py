@@ -125,14 +125,15 @@ class BundleSource:
 
 def open_sources(cfg: ReportConfig) -> list[StoreSource | BundleSource]:
     """``cfg.run`` (when given) and every ``also`` entry, in order."""
-    return [BundleSource(Path(s)) if isinstance(s, (str, Path)) else StoreSource(*s) for s in cfg.sources]
+    return [BundleSource(Path(s)) if isinstance(s, Path) else StoreSource(*s) for s in cfg.sources]
 
 
-def pipeline_settings(cfg: ReportConfig, sources: list) -> tuple[list[str], dict[str, str], int, list[str],
-                                                                 tables.Methods]:
+def pipeline_settings(cfg: ReportConfig, configs: list[Path | None]) -> tuple[list[str], dict[str, str], int,
+                                                                          list[str], tables.Methods]:
     """``(claims, sweep, bootstrap, matrix keys, methods)``: this config's, else the first pipeline's logged
-    config's; what the files say of their methods always comes from every source's logged configs."""
-    logged = [load_config(PipelineConfig, path) if path else None for s in sources for path in s.configs()]
+    config's (``configs``: every source's experiment files, in order); what the files say of their methods
+    always comes from all of them."""
+    logged = [load_config(PipelineConfig, path) if path else None for path in configs]
     first = logged[0]
     claim_ids = cfg.claims if cfg.claims is not None else (first.claims if first else [])
     axes = cfg.sweep if cfg.sweep is not None else (first.sweep if first else {})

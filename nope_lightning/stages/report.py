@@ -69,7 +69,8 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir or f"mlruns/reports/{cfg.run}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     sources = report_sources.open_sources(cfg)
-    claim_ids, axes, resamples, matrix_keys, methods = report_sources.pipeline_settings(cfg, sources)
+    configs = [path for source in sources for path in source.configs()]  # downloaded once, read twice
+    claim_ids, axes, resamples, matrix_keys, methods = report_sources.pipeline_settings(cfg, configs)
     found = report_sources.gather(sources, out, matrix_keys)
     evals, searches, tuned, grids = found.evals, found.searches, found.tuned, found.grids
     points = sorted(set(evals) | set(searches))
@@ -108,8 +109,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
             + "\n\n## Plots\n\n" + "\n".join(f"![{p}]({p})" for p in pngs) + "\n")
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(markdown.html_page(text, out, f"Report: {name}"))
-    Bundle(pipelines, [c for source in sources for c in source.configs()], found.placed, found.recipes,
-           found.files).write(out / "results")
+    Bundle(pipelines, configs, found.placed, found.recipes, found.files).write(out / "results")
     if cfg.run:  # into the pipeline's own run (no run of its own): a rerun overwrites the same artifacts and metrics
         tracking.log_artifacts(cfg.tracking, cfg.run, out, "report")
         logged = tracking.client(cfg.tracking).get_run(cfg.run).data.metrics
