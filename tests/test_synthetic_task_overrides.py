@@ -20,6 +20,7 @@ from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
 from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.pipeline.steps import identity, step_hash
 from nope_lightning.stages.synthetic_grid import cell_key
+from nope_lightning.synthetic.tasks import TASKS as TASK_NAMES
 from tests.conftest import REPO
 from tests.test_synthetic_pipeline import SEED, pipeline_file
 
@@ -77,9 +78,19 @@ def test_overrides_reach_only_their_task_s_cells(grid_file, overrides):
     assert grid.config_hash != plain.config_hash  # another recipe: another parent run
 
 
+def test_an_override_of_a_task_outside_the_grid_stays_unused(grid_file):
+    """One grid file holds every task's recipe; a study picks its tasks: the other tasks' overrides are kept, unused
+    (not checked: pcfg's scratchpad=full would fail on pcfg, and is never merged here)."""
+    plain = load_config(SyntheticGridConfig, grid_file)
+    grid = load_config(SyntheticGridConfig, grid_file, ["task_overrides.pcfg=[trainer.max_steps=9,scratchpad=full]"])
+    assert grid.cells("p") == plain.cells("p") and grid.task_base("reverse") == plain.base
+    with pytest.raises(ValueError, match="task_overrides.pcfg: scratchpad='full' is not supported by task 'pcfg'"):
+        load_config(SyntheticGridConfig, grid_file, ["tasks=[pcfg]", "task_overrides.pcfg=[scratchpad=full]"])
+
+
 @pytest.mark.parametrize("override, message", [
-    ("task_overrides.pcfg=[trainer.max_steps=9]",
-     "task_overrides names tasks not in tasks: pcfg; add them to tasks or drop their overrides"),
+    ("task_overrides.pcfgg=[trainer.max_steps=9]",
+     "task_overrides names unknown tasks: pcfgg; known: " + ", ".join(TASK_NAMES)),
     ("task_overrides.reverse=[trainer.max_stepz=9]",
      "task_overrides.reverse: config key 'trainer.max_stepz': Key 'max_stepz' not in 'TrainerConfig'. "
      "Did you mean: 'max_steps'?"),

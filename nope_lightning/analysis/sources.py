@@ -196,8 +196,9 @@ def _copy_files(files: list[Path], out: Path) -> list[Path]:
 
 def _copy_run_files(store: TrackingConfig, run, out: Path, method: str) -> list[Path]:
     """The PNGs and notes that HeadScale and synthetic runs made themselves (Fig 5, per-length accuracy), as
-    ``<method>-<name>`` in ``out``."""
-    if run.data.tags.get("stage") not in ("headscale", "synthetic-grid", "synthetic"):
+    ``<method>-<name>`` in ``out``. Not a grid's: the report draws its figures over every grid it reads
+    (``synthetic_figures``)."""
+    if run.data.tags.get("stage") not in ("headscale", "synthetic"):
         return []
     client, copied = tracking.client(store), []
     for folder in (None, "plots", "headscale"):

@@ -31,6 +31,7 @@ from nope_lightning.analysis import (
     report_sections,
     sweep,
     synthetic_claims,
+    synthetic_figures,
     tables,
 )
 from nope_lightning.analysis import sources as report_sources
@@ -95,6 +96,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
         sections += [synthetic_claims.claims_table([*synthetic_claims.evaluate_claims(cells, resamples),
                                                     *attention_claims.evaluate_attention_claims(grid_list)]),
                      attention_claims.attention_table(grid_list), synthetic_claims.exact_match_table(cells, resamples)]
+        figures.update(synthetic_figures.study_figures(grid_list))
     sections.append(report_sections.recipe_section(found.recipes))
     for name, fig in figures.items():
         if fig is not None:

@@ -282,7 +282,7 @@ def _figure(width: float = 6.0, height: float = 4.0, ncols: int = 1, sharey: boo
 def plot_curves(curves: Mapping[str, Mapping[int, float]], train_max: int, title: str, ylabel: str):
     """One line per name of ``curves[name][x]``, with the training maximum marked; returns a Figure."""
     fig, ax = _figure()
-    _draw_curves(ax, curves, train_max, title, ylabel)
+    draw_curves(ax, curves, train_max, title, ylabel)
     return fig
 
 
@@ -292,13 +292,14 @@ def plot_layer_curves(curves: Mapping[str, Mapping[int, Sequence[float]]], train
     layers = len(next(iter(next(iter(curves.values())).values())))
     fig, axes = _figure(3.2 * layers, 3.2, ncols=layers, sharey=True)
     for layer, ax in enumerate(np.atleast_1d(axes)):
-        _draw_curves(ax, {name: {x: v[layer] for x, v in points.items()} for name, points in curves.items()},
+        draw_curves(ax, {name: {x: v[layer] for x, v in points.items()} for name, points in curves.items()},
                      train_max, f"layer {layer + 1}", ylabel if layer == 0 else "")
     fig.suptitle(title)
     return fig
 
 
-def _draw_curves(ax, curves: Mapping[str, Mapping[int, float]], train_max: int, title: str, ylabel: str) -> None:
+def draw_curves(ax, curves: Mapping[str, Mapping[int, float]], train_max: int, title: str, ylabel: str) -> None:
+    """One line per name of ``curves[name][x]`` on ``ax``, the training maximum dashed."""
     for name, points in curves.items():
         xs = sorted(points)
         ax.plot(xs, [points[x] for x in xs], marker="o", markersize=3, label=name)

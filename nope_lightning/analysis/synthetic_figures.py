@@ -1,0 +1,105 @@
+"""Paper 002's figures over every grid a report reads (a study may span several files, seeds and stores): exact
+match per length, per-layer JSD to NoPE against the NoPE-vs-NoPE floor, and attended-distance histograms.
+
+Each figure pools grids as the claims do: a (task, scratchpad) panel averages its cells over seeds, a histogram sums
+its grids' counts (every grid analyses the same number of examples per length). The grids' own per-grid figures
+are not shown: with one grid per (task, seed) they would each show one seed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+import numpy as np
+from matplotlib.figure import Figure  # no pyplot: no global state
+
+from nope_lightning.analysis.attention_claims import T5_CLOSEST, attention_index, claim_tasks
+from nope_lightning.analysis.claim_tests import NotMeasured
+from nope_lightning.config.synthetic import PAPER_NAMES, PAPER_PES
+from nope_lightning.results.synthetic import SyntheticGridResult
+from nope_lightning.synthetic import analysis
+from nope_lightning.synthetic.tasks import get_task
+
+
+def _panel_name(task: str, scratchpad: str) -> str:
+    return task if scratchpad == "none" else f"{task} ({scratchpad})"
+
+
+def accuracy_by_length(grids: Iterable[SyntheticGridResult]):
+    """Exact match per length (ID and OOD buckets) per PE, mean over seeds, one panel per (task, scratchpad);
+    the training maximum dashed. A Figure, or None without cells."""
+    per_panel: dict[tuple[str, str], dict[str, dict[int, list[float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list)))
+    for grid in grids:
+        for cell in grid.runs:
+            for bucket in cell.buckets:
+                x = analysis.bucket_start(bucket.bucket)
+                per_panel[(cell.task, cell.scratchpad)][cell.pos_encoding][x].append(bucket.acc)
+    if not per_panel:
+        return None
+    order = sorted(per_panel, key=lambda k: (k[1] != "none", k))
+    columns = min(4, len(order))
+    rows = -(-len(order) // columns)
+    fig = Figure(figsize=(4.0 * columns, 3.2 * rows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(rows, columns, sharey=True)).ravel()
+    for ax, (task, scratchpad) in zip(axes, order, strict=False):  # a last row may have empty panels
+        pes = per_panel[(task, scratchpad)]
+        named = {PAPER_NAMES.get(pe, pe): {x: float(np.mean(v)) for x, v in pes[pe].items()}
+                 for pe in sorted(pes, key=lambda p: PAPER_PES.index(p) if p in PAPER_PES else len(PAPER_PES))}
+        analysis.draw_curves(ax, named, get_task(task).train_lengths[-1], _panel_name(task, scratchpad),
+                              "exact match")
+    for ax in axes[len(order):]:
+        ax.set_visible(False)
+    fig.suptitle("Exact match per length, mean over seeds (left of the dashed line: training lengths)")
+    return fig
+
+
+def jsd_by_layer(grids: Iterable[SyntheticGridResult]) -> dict[str, object]:
+    """Per task the attention claim reads (SCAN, else every analysed task): each PE's min-head JSD to NoPE per
+    layer, mean over seeds, beside the NoPE-vs-NoPE floor (dashed). ``{file name: Figure}``; empty without values."""
+    index = attention_index(grids)
+    try:
+        tasks, _ = claim_tasks(T5_CLOSEST, index)
+    except NotMeasured:
+        return {}
+    figures = {}
+    for task in tasks:
+        by_seed = index[task]
+        fig = Figure(figsize=(5.5, 3.6), layout="constrained")
+        ax = fig.subplots()
+        pes = list(dict.fromkeys(pe for s in by_seed.values() for pe in s.pes))
+        for pe in pes:
+            values = np.asarray([s.pes[pe] for s in by_seed.values() if pe in s.pes])
+            ax.plot(np.arange(1, values.shape[1] + 1), values.mean(0), marker="o", label=f"{pe} ({len(values)})")
+        if floors := [s.floor for s in by_seed.values() if s.floor]:
+            floor = np.asarray(floors).mean(0)
+            ax.plot(np.arange(1, len(floor) + 1), floor, "k--", label=f"NoPE, other seed ({len(floors)})")
+        ax.set(title=f"{task}: JSD of each PE's attention to NoPE's (seeds)", xlabel="layer",
+               ylabel="min-head JSD (nats)")
+        ax.legend(fontsize=8)
+        figures[f"synthetic_jsd_{task}.png"] = fig
+    return figures
+
+
+def distance_histograms(grids: Iterable[SyntheticGridResult]) -> dict[str, object]:
+    """Attended-distance histograms per PE, summed over the grids (seeds) of each (task, scratchpad) analysed.
+    ``{file name: Figure}``."""
+    pooled: dict[tuple[str, str], dict[str, np.ndarray]] = defaultdict(dict)
+    edges: dict[tuple[str, str], list[float]] = {}
+    for grid in grids:
+        scratchpads = {c.task: c.scratchpad for c in grid.runs}
+        for task, attention in grid.attention.items():
+            key = (task, scratchpads.get(task, "none"))
+            edges[key] = attention.edges
+            for pe, counts in attention.hist.items():
+                pooled[key][pe] = pooled[key].get(pe, 0) + np.asarray(counts)
+    return {f"synthetic_distance_{task}{'' if s == 'none' else '_' + s}.png": analysis.plot_distance_hist(
+        pooled[(task, s)], edges[(task, s)], f"{_panel_name(task, s)}: attended distance, OOD output queries "
+        f"(all layers and heads, summed over seeds)") for task, s in sorted(pooled)}
+
+
+def study_figures(grids: list[SyntheticGridResult]) -> dict[str, object]:
+    """Every paper-002 figure of ``grids``: ``{file name: Figure}``."""
+    figures = {"synthetic_accuracy_by_length.png": accuracy_by_length(grids)}
+    return {**figures, **jsd_by_layer(grids), **distance_histograms(grids)}

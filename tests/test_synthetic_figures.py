@@ -1,0 +1,67 @@
+"""Paper 002's report figures over several grids (``analysis.synthetic_figures``): per-length exact match is the mean
+over seeds of every grid's cells, one panel per (task, scratchpad); the JSD figure plots each PE's per-layer mean
+over seeds beside the floor; attended-distance histograms sum the grids' counts per (task, scratchpad)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nope_lightning.analysis.synthetic_figures import (
+    accuracy_by_length,
+    distance_histograms,
+    jsd_by_layer,
+    study_figures,
+)
+from nope_lightning.results.synthetic import SyntheticGridResult, TaskAttention
+from tests.test_attention_claims import made_up_grid
+from tests.test_synthetic_claims import make_cell
+
+
+def one_seed_grid(seed: int, scratchpad: str = "none", hist=None) -> SyntheticGridResult:
+    """copy_repeat (NoPE 0.8 / 0.6 OOD, T5 0.2 at seed 0 / 0.4 at seed 1), a grid per seed as a pipeline runs it,
+    with an attended-distance histogram of 4 bins per PE."""
+    cells = [make_cell("copy_repeat", "nope", seed, 0.8 - 0.2 * seed, scratchpad=scratchpad),
+             make_cell("copy_repeat", "t5", seed, 0.2 + 0.2 * seed, scratchpad=scratchpad)]
+    hist = hist or {"NoPE": [1, 0, 0, 3], "T5": [4, 0, 0, 0]}
+    attention = TaskAttention({}, {}, hist, [0.0, 0.25, 0.5, 0.75, 1.0])
+    return SyntheticGridResult(f"g{seed}", {}, {}, {}, {"copy_repeat": attention}, cells)
+
+
+def lines(ax) -> dict[str, tuple[list, list]]:
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.get_lines()}
+
+
+def test_accuracy_by_length_is_the_mean_over_seeds_of_every_grid():
+    fig = accuracy_by_length([one_seed_grid(0), one_seed_grid(1), one_seed_grid(0, "full")])
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in visible] == ["copy_repeat", "copy_repeat (full)"]
+    plain = lines(visible[0])
+    assert plain["NoPE"] == ([1, 21], [1.0, 0.7])  # buckets "1-20" (ID) and "21-40" (OOD): (0.8 + 0.6) / 2
+    assert np.allclose(plain["T5"][1], [1.0, 0.3])
+    assert lines(visible[1])["NoPE"] == ([1, 21], [1.0, 0.8])  # the full-scratchpad grid alone
+    assert accuracy_by_length([]) is None
+
+
+def test_distance_histograms_sum_counts_over_the_grids_of_a_task_and_scratchpad():
+    grids = [one_seed_grid(0), one_seed_grid(1, hist={"NoPE": [0, 2, 0, 0], "T5": [1, 1, 0, 0]}),
+             one_seed_grid(0, "full")]
+    figures = distance_histograms(grids)
+    assert sorted(figures) == ["synthetic_distance_copy_repeat.png", "synthetic_distance_copy_repeat_full.png"]
+    nope = figures["synthetic_distance_copy_repeat.png"].axes[0]
+    heights = [bar.get_height() for bar in nope.patches]
+    assert np.allclose(heights, np.array([1, 2, 0, 3]) / 6)  # [1, 0, 0, 3] + [0, 2, 0, 0], as fractions
+
+
+def test_the_jsd_figure_plots_each_pe_s_mean_over_seeds_beside_the_floor():
+    by_seed = {0: {"T5": [0.1, 0.3], "ALiBi": [0.2, 0.2]}, 1: {"T5": [0.3, 0.5], "ALiBi": [0.4, 0.6]}}
+    figures = jsd_by_layer([made_up_grid(by_seed, floors={1: (0, [0.05, 0.15])})])
+    (ax,) = figures["synthetic_jsd_scan.png"].axes
+    drawn = lines(ax)
+    assert drawn["T5 (2)"] == ([1, 2], [0.2, 0.4]) and np.allclose(drawn["ALiBi (2)"][1], [0.3, 0.4])
+    assert np.allclose(drawn["NoPE, other seed (1)"][1], [0.05, 0.15])
+    assert jsd_by_layer([one_seed_grid(0)]) == {}  # no per-seed attention values: no figure
+
+
+def test_study_figures_names_every_figure():
+    assert sorted(study_figures([one_seed_grid(0)])) == ["synthetic_accuracy_by_length.png",
+                                                         "synthetic_distance_copy_repeat.png"]

@@ -1,0 +1,89 @@
+"""Paper 002's CPU study files (experiments/synthetic_{primitive,math,classic,scratchpad}.yaml over the per-task
+recipes of experiments/synthetic_cpu.yaml) and experiments/parallel_slices.py, which runs their slices side by side:
+the files cover the paper's three categories with >= 8 tasks x 5 PEs x 3 seeds at the recipes' steps, and a slice
+(one matrix point and seed, in its own store) trains exactly the cells the whole file trains at that point."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from nope_lightning.config.synthetic import PAPER_PES
+from nope_lightning.pipeline.registry import stage_config
+from nope_lightning.pipeline.steps import expand, step_config
+from tests.conftest import REPO
+
+FILES = {name: REPO / f"experiments/synthetic_{name}.yaml" for name in ("primitive", "math", "classic", "scratchpad")}
+CATEGORIES = {"primitive": {"copy_repeat", "copy_repeat_change", "reverse"},
+              "math": {"parity", "summation", "addition", "lego"}, "classic": {"scan", "pcfg"}}
+STEPS = {"copy_repeat": 2000, "copy_repeat_change": 3000, "reverse": 3000, "parity": 2000, "summation": 6000,
+         "addition": 4000, "lego": 3000, "scan": 3000, "pcfg": 3000}
+
+
+@pytest.fixture(scope="module")
+def slicer():
+    spec = importlib.util.spec_from_file_location("parallel_slices", REPO / "experiments/parallel_slices.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def grids(path: Path, overrides: tuple[str, ...] = ()):
+    """Every grid the pipeline file runs: ``(instance, SyntheticGridConfig)``, tracking left at the file's."""
+    cfg = stage_config("pipeline", str(path), list(overrides))
+    return [(inst, step_config(inst, cfg, {}, parent="p")) for inst in expand(cfg)]
+
+
+def without_tracking(grid):
+    """``grid`` with its store replaced by one fixed store (the only setting a slice changes)."""
+    store = dataclasses.replace(grid.base.tracking, uri="sqlite:///x.db", artifact_root="x")
+    return dataclasses.replace(grid, base=dataclasses.replace(grid.base, tracking=store))
+
+
+@pytest.mark.parametrize("category", CATEGORIES)
+def test_each_category_file_runs_its_tasks_x_5_pes_x_3_seeds_at_their_recipes(category):
+    planned = grids(FILES[category])
+    cells = [cell for _, grid in planned for cell in grid.cells()]
+    assert {c.task for c in cells} == CATEGORIES[category]
+    assert len(cells) == len(CATEGORIES[category]) * len(PAPER_PES) * 3
+    assert {(c.task, c.pos_encoding, c.seed) for c in cells} == {
+        (t, pe, s) for t in CATEGORIES[category] for pe in PAPER_PES for s in (0, 1, 2)}
+    assert all(c.trainer.max_steps == STEPS[c.task] and c.scratchpad == "none" for c in cells)
+    if category == "classic":  # the JSD floor pairs seeds inside one grid: each task's 3 seeds are one grid
+        assert [(g.tasks, g.seeds, g.attention_examples_per_length) for _, g in planned] == [
+            (["scan"], [0, 1, 2], 2), (["pcfg"], [0, 1, 2], 2)]
+
+
+def test_the_study_spans_the_paper_s_three_categories_with_at_least_8_tasks():
+    tasks = set().union(*CATEGORIES.values())
+    assert len(tasks) >= 8 and all(CATEGORIES.values())
+
+
+def test_the_scratchpad_file_runs_full_and_minimal_for_nope_and_t5_and_fits_its_longest_scratchpad():
+    cells = [cell for _, grid in grids(FILES["scratchpad"]) for cell in grid.cells()]
+    assert {(c.task, c.scratchpad, c.pos_encoding) for c in cells} == {
+        (t, s, pe) for t in ("addition", "parity") for s in ("full", "minimal") for pe in ("nope", "t5")}
+    assert all(c.trainer.max_steps == STEPS[c.task] for c in cells)
+    assert max(c.test_positions[0] for c in cells) <= 1024 == cells[0].model.max_positions
+
+
+def test_a_slice_trains_the_cells_the_whole_file_trains_at_its_point(slicer, tmp_path):
+    slices = slicer.slices(str(FILES["primitive"]), tmp_path)
+    assert [Path(s["folder"]).name for s in slices[:4]] == [
+        "synthetic_primitive-copy_repeat-s0", "synthetic_primitive-copy_repeat-s1",
+        "synthetic_primitive-copy_repeat-s2", "synthetic_primitive-copy_repeat_change-s0"]
+    whole = {(inst.point, inst.seed): without_tracking(grid) for inst, grid in grids(FILES["primitive"])}
+    for entry in slices:
+        ((inst, grid),) = grids(Path(entry["file"]), tuple(entry["overrides"]))
+        assert grid.base.tracking.uri == f"sqlite:///{entry['folder']}/mlflow.db"
+        assert without_tracking(grid) == whole[(inst.point, inst.seed)]
+    # A file without replicate seeds: one slice per point, its steps' own seeds; --only picks points.
+    classic = slicer.slices(str(FILES["classic"]), tmp_path, {"task": ["scan"]})
+    assert [Path(s["folder"]).name for s in classic] == ["synthetic_classic-scan"]
+    assert not any(o.startswith("seeds=") for o in classic[0]["overrides"])
