@@ -18,7 +18,7 @@ from nope_lightning.pipeline.steps import expand, step_config
 from tests.conftest import REPO
 
 FILES = {name: REPO / f"experiments/synthetic_{name}.yaml" for name in ("primitive", "math", "classic", "scratchpad")}
-CATEGORIES = {"primitive": {"copy_repeat", "copy_repeat_change", "reverse"},
+CATEGORIES = {"primitive": {"copy_repeat", "reverse"},
               "math": {"parity", "summation", "addition", "lego"}, "classic": {"scan", "pcfg"}}
 STEPS = {"copy_repeat": 2000, "copy_repeat_change": 3000, "reverse": 3000, "parity": 2000, "summation": 6000,
          "addition": 4000, "lego": 3000, "scan": 3000, "pcfg": 3000}
@@ -77,7 +77,7 @@ def test_a_slice_trains_the_cells_the_whole_file_trains_at_its_point(slicer, tmp
     slices = slicer.slices(str(FILES["primitive"]), tmp_path)
     assert [Path(s["folder"]).name for s in slices[:4]] == [
         "synthetic_primitive-copy_repeat-s0", "synthetic_primitive-copy_repeat-s1",
-        "synthetic_primitive-copy_repeat-s2", "synthetic_primitive-copy_repeat_change-s0"]
+        "synthetic_primitive-copy_repeat-s2", "synthetic_primitive-reverse-s0"]
     whole = {(inst.point, inst.seed): without_tracking(grid) for inst, grid in grids(FILES["primitive"])}
     for entry in slices:
         ((inst, grid),) = grids(Path(entry["file"]), tuple(entry["overrides"]))
@@ -87,3 +87,11 @@ def test_a_slice_trains_the_cells_the_whole_file_trains_at_its_point(slicer, tmp
     classic = slicer.slices(str(FILES["classic"]), tmp_path, {"task": ["scan"]})
     assert [Path(s["folder"]).name for s in classic] == ["synthetic_classic-scan"]
     assert not any(o.startswith("seeds=") for o in classic[0]["overrides"])
+
+
+def test_a_report_over_slices_names_each_file_once_with_its_runs():
+    from nope_lightning.stages.report import _pipelines_line
+
+    assert _pipelines_line([("synthetic_math", "a"), ("synthetic_classic", "b"), ("synthetic_math", "c")]) == (
+        "pipeline `synthetic_math` (runs a, c), with pipeline `synthetic_classic` (run b)")
+    assert _pipelines_line([("tiny", "a")]) == "pipeline `tiny` (run a)"

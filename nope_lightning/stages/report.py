@@ -105,12 +105,11 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     sections += [md.read_text() for md in sorted(out.glob("*.md")) if md.name != "report.md"]
     pngs = sorted(p.name for p in out.glob("*.png"))
     pipelines = [p for source in sources for p in source.pipelines()]
-    (name, first), together = pipelines[0], "".join(f", with pipeline `{n}` (run {r})" for n, r in pipelines[1:])
-    text = (f"# Report: pipeline `{name}` (run {first}){together}\n\n"
+    text = (f"# Report: {_pipelines_line(pipelines)}\n\n"
             + "\n\n".join(s for s in sections if s)
             + "\n\n## Plots\n\n" + "\n".join(f"![{p}]({p})" for p in pngs) + "\n")
     (out / "report.md").write_text(text)
-    (out / "report.html").write_text(markdown.html_page(text, out, f"Report: {name}"))
+    (out / "report.html").write_text(markdown.html_page(text, out, f"Report: {pipelines[0][0]}"))
     Bundle(pipelines, configs, found.placed, found.recipes, found.files).write(out / "results")
     if cfg.run:  # into the pipeline's own run (no run of its own): a rerun overwrites the same artifacts and metrics
         tracking.log_artifacts(cfg.tracking, cfg.run, out, "report")
@@ -120,6 +119,16 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
                                                      if logged.get(k) != v})  # no duplicate points on a rerun
     return {"run_id": cfg.run, "markdown": str(out / "report.md"), "html": str(out / "report.html"),
             "methods": len({m for p in evals.values() for m in p})}
+
+
+def _pipelines_line(pipelines: list[tuple[str, str]]) -> str:
+    """``pipeline `a` (run 1), with pipeline `b` (runs 2, 3)``: the sources' pipeline runs, grouped by name in the
+    order they first come (a study run as slices has many runs of one file)."""
+    runs: dict[str, list[str]] = {}
+    for name, run_id in pipelines:
+        runs.setdefault(name, []).append(run_id)
+    return ", with ".join(f"pipeline `{name}` (run{'s' if len(ids) > 1 else ''} {', '.join(ids)})"
+                          for name, ids in runs.items())
 
 
 def _slug(point: tuple) -> str:
