@@ -95,3 +95,32 @@ def test_a_report_over_slices_names_each_file_once_with_its_runs():
     assert _pipelines_line([("synthetic_math", "a"), ("synthetic_classic", "b"), ("synthetic_math", "c")]) == (
         "pipeline `synthetic_math` (runs a, c), with pipeline `synthetic_classic` (run b)")
     assert _pipelines_line([("tiny", "a")]) == "pipeline `tiny` (run a)"
+
+
+def test_one_report_reads_a_task_study_beside_a_scratchpad_study_of_the_same_task(tmp_path):
+    """Their grids share (step id, seed) and the first file's matrix keys name only the task: each grid keeps its
+    whole point, so parity without a scratchpad and with the full one are two grids, not a duplicate."""
+    import yaml
+
+    from nope_lightning.pipeline.registry import run_stage
+
+    base = {**yaml.safe_load((REPO / "conf/synthetic/tiny.yaml").read_text()), "log_model": False, "task": "parity"}
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({"tasks": ["parity"], "pos_encodings": ["nope"], "seeds": [0],
+                                    "attention_examples_per_length": 0, "base": base}))
+    step = {"id": "grid", "stage": "synthetic-grid", "config": str(grid), "overrides": ["tasks=[@{matrix.task}]"]}
+    padded = {**step, "overrides": [*step["overrides"], "base.scratchpad=@{matrix.scratchpad}",
+                                    "base.model.max_positions=256"]}
+    runs = []
+    for name, matrix, the_step in (("tasks", {"task": ["parity"]}, step),
+                                   ("pads", {"task": ["parity"], "scratchpad": ["full"]}, padded)):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({"name": name, "seeds": [0], "matrix": matrix, "steps": [the_step],
+                                        "report": False}))
+        runs.append(run_stage("pipeline", stage_config("pipeline", str(path), [
+            f"tracking.uri=sqlite:///{tmp_path}/{name}.db", f"tracking.artifact_root={tmp_path}/{name}"]))["run_id"])
+    report = run_stage("report", stage_config("report", None, [
+        f"run={runs[0]}", f"tracking.uri=sqlite:///{tmp_path}/tasks.db", f"out_dir={tmp_path / 'report'}",
+        f"also=[{{run: {runs[1]}, uri: 'sqlite:///{tmp_path}/pads.db'}}]"]))
+    text = Path(report["markdown"]).read_text()
+    assert "| parity | 0 |" in text and "| parity (full) | 0 |" in text

@@ -169,7 +169,10 @@ def gather(sources: list, out: Path, matrix_keys: list[str]) -> Gathered:
             key = item.key
             first_seed = key.seed if first_seed is None else first_seed
             values = dict(key.point)
-            point = tuple((k, values[k]) for k in matrix_keys if k in values) if matrix_keys else key.point
+            # A grid keeps its whole point: grids are pooled over points, and the first file's matrix keys need
+            # not name all of another file's (a scratchpad study's (task, scratchpad) beside a task study's task).
+            point = (tuple((k, values[k]) for k in matrix_keys if k in values)
+                     if matrix_keys and key.stage != "synthetic-grid" else key.point)
             if item.result is not None:
                 place = (key.stage, point, key.method, key.seed)
                 if (held := origin.setdefault(place, (number, source.label)))[0] != number:
