@@ -270,7 +270,8 @@ def _scratchpad(claim: SyntheticClaim, index: CellIndex, resamples: int) -> Synt
     tasks = [t for t in index.tasks(FULL) if t in index.tasks(NONE)]
     if not tasks:
         raise NotMeasured("the results hold no task run both with a full scratchpad and without one")
-    effects, left_out = [], []
+    effects = []
+    left_out = [(t, "run with a full scratchpad only") for t in index.tasks(FULL) if t not in tasks]
     for task in tasks:
         seeds = index.seeds(FULL, [task])
         pes = [pe for pe in claim.methods
