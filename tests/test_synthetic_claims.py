@@ -172,6 +172,10 @@ def test_scratchpad_helps_some_tasks_each_verdict():
     assert verdict(lambda t, s: 0.3 if t == "addition" else -0.2, seeds=(0,)) == NO_SEED_VERDICT
     failed = outcome("scratchpad_helps_some_tasks", with_scratchpad(lambda t, s: 0.1, id_acc=lambda t, pe: 0.5))
     assert failed.verdict == "untestable" and "addition: NoPE (full) ID 0.50 < 0.9" in failed.reason
+    one = outcome("scratchpad_helps_some_tasks", with_scratchpad(
+        lambda t, s: 0.1, id_acc=lambda task, pe: 1.0 if task == "addition" else 0.5))
+    assert one.verdict == "untestable" and one.tasks == ("addition",)
+    assert one.reason.startswith("1 task(s) left (addition), some-but-not-all needs two: sort: NoPE (full) ID 0.50")
     assert outcome("scratchpad_helps_some_tasks", grid(lambda t, pe, s: ORDER[pe])).verdict == "not measured"
 
 
