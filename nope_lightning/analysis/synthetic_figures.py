@@ -75,8 +75,9 @@ def jsd_by_layer(grids: Iterable[SyntheticGridResult]) -> dict[str, object]:
         if floors := [s.floor for s in by_seed.values() if s.floor]:
             floor = np.asarray(floors).mean(0)
             ax.plot(np.arange(1, len(floor) + 1), floor, "k--", label=f"NoPE, other seed ({len(floors)})")
+        layers = len(next(iter(by_seed.values())).pes[pes[0]])
         ax.set(title=f"{task}: JSD of each PE's attention to NoPE's (seeds)", xlabel="layer",
-               ylabel="min-head JSD (nats)")
+               ylabel="min-head JSD (nats)", xticks=range(1, layers + 1))
         ax.legend(fontsize=8)
         figures[f"synthetic_jsd_{task}.png"] = fig
     return figures
