@@ -294,10 +294,9 @@ def _scratchpad(claim: SyntheticClaim, index: CellIndex, resamples: int) -> Synt
         effects.append(SyntheticOutcome(claim, verdict(claim, across), evaluation, tuple(seeds), across=across,
                                         tasks=(task,)))
     if len(effects) < 2:
-        kept = tuple(e.tasks[0] for e in effects)
-        return SyntheticOutcome(claim, "untestable", reason=f"{len(effects)} task(s) left ({', '.join(kept) or 'none'})"
-                                ", some-but-not-all needs two: " + "; ".join(f"{t}: {why}" for t, why in left_out),
-                                tasks=kept, left_out=tuple(left_out))
+        kept, why = tuple(e.tasks[0] for e in effects), "; ".join(f"{t}: {why}" for t, why in left_out)
+        return SyntheticOutcome(claim, "untestable", reason=f"{len(kept)} task(s) left ({', '.join(kept) or 'none'}), "
+                                f"some-but-not-all needs two: {why}", tasks=kept, left_out=tuple(left_out))
     verdicts = {e.verdict for e in effects}
     if verdicts == {NO_SEED_VERDICT}:
         overall = NO_SEED_VERDICT
