@@ -2,8 +2,8 @@
 
 A slice is one pipeline run of a file at one matrix point and one replicate seed (a file without ``seeds`` runs its
 steps' own seeds in each slice), in its own store ``ROOT/<file>-<point>[-s<seed>]/`` (one SQLite store takes one
-writer at a time). ``--workers`` slices run at once, the costliest first (``--first`` names files to start before
-the rest); each writes no report. ``ROOT/slices.json`` lists every slice (store, pipeline run id, exit code,
+writer at a time). ``--workers`` slices run at once, in the order of the files given (costliest first pays); each
+writes no report. ``ROOT/slices.json`` lists every slice (store, pipeline run id, exit code,
 seconds) as it ends. A killed slice resumes where it stopped when the same command runs again with the same ROOT
 (its store's path is part of its grids' identity). One report reads all slices of a study:
 ``nope-lightning run report run=<a run> tracking.uri=<its store> "also=[{run: ..., uri: ...}, ...]"`` (``--also`` prints
@@ -66,7 +66,6 @@ def main() -> None:
     parser.add_argument("root", type=Path)
     parser.add_argument("files", nargs="+")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--first", nargs="*", default=[], help="files whose slices start first")
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                         help="run only the matrix points with this value (repeatable; values of one key add up)")
     parser.add_argument("--also", action="store_true", help="print the report command over the finished slices")
@@ -83,7 +82,6 @@ def main() -> None:
         key, value = item.split("=", 1)
         only.setdefault(key, []).append(value)
     todo = [s for f in args.files for s in slices(f, args.root, only)]
-    todo.sort(key=lambda s: s["file"] not in args.first)  # stable: each file's own order after that
     finished: list[dict] = []
     with ThreadPoolExecutor(args.workers) as pool:
         for future in as_completed([pool.submit(run_slice, s) for s in todo]):

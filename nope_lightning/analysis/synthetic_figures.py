@@ -19,7 +19,6 @@ from nope_lightning.analysis.claim_tests import NotMeasured
 from nope_lightning.config.synthetic import PAPER_NAMES, PAPER_PES
 from nope_lightning.results.synthetic import SyntheticGridResult
 from nope_lightning.synthetic import analysis
-from nope_lightning.synthetic.tasks import get_task
 
 
 def _panel_name(task: str, scratchpad: str) -> str:
@@ -31,8 +30,10 @@ def accuracy_by_length(grids: Iterable[SyntheticGridResult]):
     the training maximum dashed. A Figure, or None without cells."""
     per_panel: dict[tuple[str, str], dict[str, dict[int, list[float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list)))
+    train_max: dict[tuple[str, str], int] = {}  # the cells' own (a config may set train_max_len)
     for grid in grids:
         for cell in grid.runs:
+            train_max[(cell.task, cell.scratchpad)] = cell.train_max_len
             for bucket in cell.buckets:
                 x = analysis.bucket_start(bucket.bucket)
                 per_panel[(cell.task, cell.scratchpad)][cell.pos_encoding][x].append(bucket.acc)
@@ -47,8 +48,7 @@ def accuracy_by_length(grids: Iterable[SyntheticGridResult]):
         pes = per_panel[(task, scratchpad)]
         named = {PAPER_NAMES.get(pe, pe): {x: float(np.mean(v)) for x, v in pes[pe].items()}
                  for pe in sorted(pes, key=lambda p: PAPER_PES.index(p) if p in PAPER_PES else len(PAPER_PES))}
-        analysis.draw_curves(ax, named, get_task(task).train_lengths[-1], _panel_name(task, scratchpad),
-                              "exact match")
+        analysis.draw_curves(ax, named, train_max[(task, scratchpad)], _panel_name(task, scratchpad), "exact match")
     for ax in axes[len(order):]:
         ax.set_visible(False)
     fig.suptitle("Exact match per length, mean over seeds (left of the dashed line: training lengths)")
@@ -69,15 +69,14 @@ def jsd_by_layer(grids: Iterable[SyntheticGridResult]) -> dict[str, object]:
         fig = Figure(figsize=(5.5, 3.6), layout="constrained")
         ax = fig.subplots()
         pes = list(dict.fromkeys(pe for s in by_seed.values() for pe in s.pes))
+        layers = np.arange(1, len(next(iter(by_seed.values())).pes[pes[0]]) + 1)  # one model: one layer count
         for pe in pes:
             values = np.asarray([s.pes[pe] for s in by_seed.values() if pe in s.pes])
-            ax.plot(np.arange(1, values.shape[1] + 1), values.mean(0), marker="o", label=f"{pe} ({len(values)})")
+            ax.plot(layers, values.mean(0), marker="o", label=f"{pe} ({len(values)})")
         if floors := [s.floor for s in by_seed.values() if s.floor]:
-            floor = np.asarray(floors).mean(0)
-            ax.plot(np.arange(1, len(floor) + 1), floor, "k--", label=f"NoPE, other seed ({len(floors)})")
-        layers = len(next(iter(by_seed.values())).pes[pes[0]])
+            ax.plot(layers, np.asarray(floors).mean(0), "k--", label=f"NoPE, other seed ({len(floors)})")
         ax.set(title=f"{task}: JSD of each PE's attention to NoPE's (seeds)", xlabel="layer",
-               ylabel="min-head JSD (nats)", xticks=range(1, layers + 1))
+               ylabel="min-head JSD (nats)", xticks=layers)
         ax.legend(fontsize=8)
         figures[f"synthetic_jsd_{task}.png"] = fig
     return figures
