@@ -200,14 +200,18 @@ def test_retrieval_claims_need_retrieval_in_distribution():
     assert untestable.verdict == "untestable" and "rope retrieves 0.30 < 0.5" in untestable.reason
 
 
-def test_an_ablation_that_converged_to_the_full_tables_is_untestable():
+def test_an_ablation_that_converged_to_the_full_table_is_no_effect_here():
     claim = CLAIMS_BY_ID["no_init_loses_retrieval"]
     table = [[1.2, 1.3], [1.1, 1.0]]
     passkey = {1: [True] * 90 + [False] * 10}
     runs = {"headscale 4x": {1: evaluation({1: base_nll(1)}, passkey, table)},
             "headscale 4x w/o init": {1: evaluation({1: base_nll(1)}, {1: [False] * 100}, [[1.2, 1.3], [1.1, 1.005]])}}
     degenerate = evaluate_claim(claim, runs, RESAMPLES)
-    assert degenerate.verdict == "untestable" and "degenerate" in degenerate.reason
+    assert degenerate.verdict == "no effect of init here" and "changed nothing" in degenerate.reason
+    constraint = evaluate_claim(CLAIMS_BY_ID["no_constraint_loses_retrieval"],
+                                {"headscale 4x": runs["headscale 4x"],
+                                 "headscale 4x w/o constraint": runs["headscale 4x w/o init"]}, RESAMPLES)
+    assert constraint.verdict == "no effect of the constraint here"
     runs["headscale 4x w/o init"][1] = dataclasses.replace(runs["headscale 4x w/o init"][1],
                                                            temperature_table=[[1.0, 1.0], [1.0, 1.0]])
     tested = evaluate_claim(claim, runs, RESAMPLES)

@@ -130,7 +130,7 @@ def _tables_problem(condition: Precondition, runs: Runs) -> str:
         gap = float(np.nanmax(np.abs(tables[0] - tables[1]))) if tables[0].shape == tables[1].shape else math.inf
         if not gap >= condition.value:
             return (f"{m1}'s temperature table is within {condition.value:g} of {m0}'s (max difference "
-                    f"{gap:.4f}" + (f", seed {seed}" if seed is not None else "") + "): the ablation is degenerate")
+                    f"{gap:.4f}" + (f", seed {seed}" if seed is not None else "") + "): the ablated part changed nothing here")
     return ""
 
 
@@ -175,7 +175,7 @@ def evaluate_claim(claim: Claim, runs: Runs, resamples: int) -> Outcome:
         for condition in claim.preconditions:
             problem = precondition_problem(condition, runs, resamples)
             if problem:
-                return Outcome(claim, "untestable", reason=problem)
+                return Outcome(claim, condition.fails_as, reason=problem)
         interval, seeds = measure(claim.test, claim, runs, resamples)
     except NotMeasured as missing:
         reason = str(missing)

@@ -102,12 +102,14 @@ INFLECTION_ENTROPY = 0.1
 
 @dataclass(frozen=True)
 class Precondition:
-    """What must hold before a claim can be tested at all (else its verdict is *untestable*).
+    """What must hold before a claim can be tested at all (else its verdict is ``fails_as``, *untestable* unless
+    the failure is itself a finding).
 
     ``passkey_at_least``: every method in ``methods`` retrieves at least ``value`` of its passkeys at
     ``multiple`` x L, mean over seeds (a retrieval claim means nothing for a model that cannot retrieve in
     distribution); ``tables_differ``: the two methods' per-head temperature tables differ somewhere by at least
-    ``value`` (an ablation that converged to the full method's table tests nothing); ``ppl_ratio_at_least``:
+    ``value`` (an ablation that converged to the full method's table, from its own tuning data, shows that the
+    ablated part had no effect here: its claims say so through ``fails_as``, not *untestable*); ``ppl_ratio_at_least``:
     the first method's PPL(``multiple`` L) / PPL(L) is at least ``value`` (pooled over seeds: a repair needs a
     failure to repair, ``FAILURE_RATIO``); ``inflection_inside``: every method's per-position log-PPL has an
     inflection inside its measured curve in every seed (an inflection that lies beyond the curve cannot be
@@ -118,6 +120,7 @@ class Precondition:
     methods: tuple[str, ...]
     value: float = 0.0
     multiple: int = 1
+    fails_as: str = "untestable"
 
 
 #: The statistic each precondition kind reads from the named methods' evaluations, and the evaluate settings that
@@ -229,12 +232,13 @@ CLAIMS: tuple[Claim, ...] = (
           "81 % vs 26 %", "passkey_difference", ("headscale 4x", "headscale 4x w/o init"), (), 0.1,
           unit="(accuracy)", preconditions=(_HEADSCALE_RETRIEVES,
                                             Precondition("tables_differ", ("headscale 4x", "headscale 4x w/o init"),
-                                                         0.01))),
+                                                         0.01, fails_as="no effect of init here"))),
     Claim("no_constraint_loses_retrieval", "HeadScale without its focus constraint retrieves less (mean passkey "
           "accuracy over lengths)", "81 % vs 53 %", "passkey_difference",
           ("headscale 4x", "headscale 4x w/o constraint"), (), 0.1, unit="(accuracy)",
           preconditions=(_HEADSCALE_RETRIEVES,
-                         Precondition("tables_differ", ("headscale 4x", "headscale 4x w/o constraint"), 0.01))),
+                         Precondition("tables_differ", ("headscale 4x", "headscale 4x w/o constraint"), 0.01,
+                                      fails_as="no effect of the constraint here"))),
     Claim("best_temperature_above_one", "the best uniform temperature past L is above 1 (at 2x, chosen on "
           "validation data)", "1.2 at 2x", "best_temperature", ("search_nope",), (2,), 1.0,
           unit="(lambda, x 1/sqrt(d))"),

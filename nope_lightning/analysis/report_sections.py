@@ -85,7 +85,8 @@ def claims_table(outcomes: Sequence[Outcome]) -> str:
             "*evaluation only*: the 95 % bootstrap over the evaluation units, pooled over seeds, with the trained "
             "models held fixed (not used for verdicts). Verdicts are about seeds: *reproduced* when the t "
             "interval lies on the claim's side of the threshold, *not reproduced* when it lies on the other "
-            "side, *inconclusive* otherwise; one seed gets no verdict; *untestable*: a precondition fails.\n\n"
+            "side, *inconclusive* otherwise; one seed gets no verdict; *untestable*: a precondition fails; *no effect of … here*: "
+            "an ablation tuned on its own data reached the full method's temperature table.\n\n"
             + markdown_table(["claim", "rule", "the source says", "ours: mean [95 % t across seeds]",
                               "one new seed [95 % prediction]", "evaluation only [95 % pooled bootstrap]",
                               "seeds on the claim's side", "verdict"], rows))

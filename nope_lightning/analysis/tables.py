@@ -334,7 +334,7 @@ def ablation_table(runs: Runs, outcomes: Sequence[Outcome], rows: Mapping[str, s
     """Table 4 analog over the methods the experiment file places beside a row of the paper's Table 4
     (``rows``: method -> a key of ``paper.TABLE4``): PPL at the tuning length (``tuned_lengths``: inside the
     length the table was tuned at, as the paper's Table 4), passkey over all lengths, long-context mean ("—"
-    where not run), the paper's figures, and the degenerate-ablation notes the claims found."""
+    where not run), the paper's figures, and the notes on ablations that changed nothing."""
     table, unknown = [], []
     for method, by_seed in runs.items():
         if method not in rows:
@@ -355,7 +355,7 @@ def ablation_table(runs: Runs, outcomes: Sequence[Outcome], rows: Mapping[str, s
                       f"{ref['pg19']} / {ref['passkey']}% / {ref['longbench']}"])
     if not table:
         return ""
-    notes = [o.reason for o in outcomes if o.verdict == "untestable" and "degenerate" in o.reason]
+    notes = [o.reason for o in outcomes if o.verdict.startswith("no effect of")]
     if unknown:
         notes.append(f"no PPL for {', '.join(unknown)}: the results record no single tuning length (evaluated "
                      f"before evaluate recorded the table's target_len, or with a table that names none)")
