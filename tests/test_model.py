@@ -9,6 +9,7 @@ import torch
 
 from nope_lightning.config import (
     AttentionTemperature,
+    EvaluateConfig,
     ModelConfig,
     PretrainConfig,
     RopeScalingConfig,
@@ -85,6 +86,14 @@ def test_uniform_temperature_and_table_from_config(tmp_path):
     assert torch.allclose(temperatures(model), 1.5 * table)
     with pytest.raises(ValueError, match="does not match"):
         load_table(tmp_path / "lam.safetensors", 3, 4)
+    # one layer reset to 1: its heads keep the uniform lambda, the other layer its learned row
+    reset = AttentionTemperature(1.5, str(tmp_path / "lam.safetensors"), reset_layers=[1])
+    expected = 1.5 * torch.stack([table[0], torch.ones(4)])
+    assert torch.allclose(temperatures(tiny("nope", n_layer=2, temperature=reset)), expected)
+    with pytest.raises(ValueError, match=r"reset_layers=\[2\]: the model has layers 0-1"):
+        tiny("nope", n_layer=2, temperature=AttentionTemperature(1.5, str(tmp_path / "lam.json"), reset_layers=[2]))
+    with pytest.raises(ValueError, match="reset_layers resets rows of a per-head table: set extension.temperature"):
+        load_config(EvaluateConfig, None, ["checkpoint=x", "extension.temperature.reset_layers=[0]"])
 
 
 def test_alibi_slopes_match_the_papers_recipe():

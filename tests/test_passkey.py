@@ -164,3 +164,36 @@ def test_each_outcome_records_its_answer_s_token_count_and_the_header_places_the
     assert PasskeyResults.parse(section.body()) == section
     legacy = {k: v for k, v in section.body().items() if k != "key_tokens"}  # a file from before the counts
     assert [o.key_tokens for o in PasskeyResults.parse(legacy).samples] == [None] * 4
+
+
+def test_the_key_nll_is_the_teacher_forced_loss_of_the_answer_tokens_one_at_a_time(bpe):
+    from types import SimpleNamespace
+
+    import torch
+
+    from nope_lightning.config import EvaluateConfig, ModelConfig
+    from nope_lightning.eval.passkey import answer_ids, run_passkey
+    from nope_lightning.model import GPT
+    from nope_lightning.results import PasskeyResults
+
+    samples = make_passkey_samples(bpe, [150, 170], [0.0, 0.5], keys_per_cell=2, seed=5)
+    torch.manual_seed(1)
+    model = GPT(ModelConfig(n_layer=2, n_head=2, n_embd=16, intermediate_size=32, max_positions=256), 500,
+                train_len=160).eval()
+    tokenizer = SimpleNamespace(encode=bpe.encode, vocab_size=480)  # fewer than the model's rows: they compete
+    section, metrics = run_passkey(model, tokenizer, samples, EvaluateConfig(checkpoint="x", batch_size=3))
+    # Reference: one unpadded forward per answer token, the next-token distribution over the first 480 ids.
+    for sample, outcome in zip(samples, section.samples, strict=True):
+        answer, losses = answer_ids(bpe, sample.key), []
+        for j, token in enumerate(answer):
+            ids = torch.tensor([list(sample.input_ids) + answer[:j]])
+            with torch.no_grad():
+                logits = model(ids)[0, -1, :480].double()
+            losses.append(float(torch.logsumexp(logits, 0) - logits[token]))
+        assert outcome.key_nll == pytest.approx(sum(losses) / len(losses), rel=1e-4)
+    means = section.key_nll_by_length()
+    assert metrics["passkey/len150/key_nll"] == pytest.approx(
+        sum(o.key_nll for o in section.at(150)) / 4) == pytest.approx(means[150])
+    assert PasskeyResults.parse(section.body()) == section
+    legacy = {k: v for k, v in section.body().items() if k != "key_nll"}  # a file from before the NLL
+    assert PasskeyResults.parse(legacy).key_nll_by_length() == {}

@@ -65,6 +65,9 @@ class AttentionTemperature:
     8,192 tokens would leave every query of a model trained at L = 128 and read at 8x untouched. At the
     default 1.0, F = L: the multiplier is exactly 1 for the queries with i + 1 < F and first exceeds 1 at the
     L-th token (i = F - 1), as the reference formula has it. It multiplies with the other temperatures.
+
+    ``reset_layers``: layers (0-based) whose row of ``table`` is set to 1 (those heads keep ``uniform``): the
+    probe of which layer's learned temperatures cost the model a skill it had (retrieval inside L).
     """
 
     uniform: float = 1.0
@@ -74,6 +77,7 @@ class AttentionTemperature:
     log_slope_fit: str = ""
     irope_beta: float = 0.0
     irope_floor: float = 1.0
+    reset_layers: list[int] = field(default_factory=list)
 
     def check(self, prefix: str, resolved: bool) -> None:
         """Raise ``ValueError`` naming ``prefix.<key>`` for a bad value; ``resolved``: refuse references."""
@@ -81,6 +85,10 @@ class AttentionTemperature:
         check_range(f"{prefix}.irope_beta", self.irope_beta, 0.0)
         check_range(f"{prefix}.irope_floor", self.irope_floor, 0.0, low_open=True)
         check_range(f"{prefix}.log_slope", self.log_slope, 0.0)  # a < 0 would make max(1, ...) 1 everywhere
+        if self.reset_layers and not self.table:
+            raise ValueError(f"{prefix}.reset_layers resets rows of a per-head table: set {prefix}.table too")
+        if any(layer < 0 for layer in self.reset_layers) or len(set(self.reset_layers)) < len(self.reset_layers):
+            raise ValueError(f"{prefix}.reset_layers={self.reset_layers}: distinct 0-based layer indices")
         if (self.log_slope > 0) + bool(self.log_slope_table) + bool(self.log_slope_fit) > 1:
             raise ValueError(f"{prefix}.log_slope, log_slope_table and log_slope_fit all set the slopes a: give one")
         if not resolved:

@@ -10,6 +10,8 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from nope_lightning.analysis.stats import wilson
 from nope_lightning.config.stages import EvaluateConfig
 from nope_lightning.data.passkey import PasskeyPromptBuilder, PasskeySample, make_passkey_samples
@@ -49,6 +51,29 @@ def answer_passkeys(model, tokenizer, samples: Sequence[PasskeySample], max_new_
         for i, ids in zip(rows, generated, strict=True):
             correct[i] = score_passkey_tokens(ids, answer_ids(tokenizer, samples[i].key))
     return correct
+
+
+@torch.no_grad()
+def key_nll(model, tokenizer, samples: Sequence[PasskeySample], batch_size: int) -> list[float]:
+    """Teacher-forced NLL of each sample's answer, nats per answer token: the mean of ``-log p(key token j |
+    prompt, key tokens < j)`` over ``answer_ids``. What greedy accuracy hides: how far a wrong answer was from
+    the key, and how much a temperature that keeps the answer costs its confidence. Prompts + answers are
+    right-padded in batches (causal attention hides the padding from every scored position); only the first
+    ``vocab_size`` logits compete, as in decoding."""
+    device = next(model.parameters()).device
+    out: list[float] = []
+    for start in range(0, len(samples), batch_size):
+        batch = samples[start:start + batch_size]
+        rows = [(list(s.input_ids), answer_ids(tokenizer, s.key)) for s in batch]
+        width = max(len(p) + len(a) for p, a in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, (prompt, answer) in enumerate(rows):
+            ids[i, : len(prompt) + len(answer)] = torch.tensor(prompt + answer)
+        logp = torch.log_softmax(model(ids.to(device))[..., : tokenizer.vocab_size].float(), dim=-1)
+        for i, (prompt, answer) in enumerate(rows):
+            at = torch.arange(len(prompt) - 1, len(prompt) + len(answer) - 1, device=device)
+            out.append(-float(logp[i, at, torch.tensor(answer, device=device)].mean()))
+    return out
 
 
 @dataclass(frozen=True)
@@ -102,15 +127,19 @@ def passkey_samples(tokenizer, lengths: list[int], cfg: EvaluateConfig) -> list[
 def run_passkey(model, tokenizer, samples: list[PasskeySample],
                 cfg: EvaluateConfig) -> tuple[PasskeyResults, dict[str, float]]:
     """``evaluate``'s passkey part: ``(results, metrics)`` with the accuracy per length (and its Wilson
-    interval), per (length, depth), and every prompt's outcome with its answer's token count (the report pairs
-    methods on the same prompts, and says where each length's answer falls relative to L)."""
+    interval), per (length, depth), and every prompt's outcome with its answer's token count and teacher-forced key
+    NLL (``key_nll``; mean per length as ``passkey/len{L}/key_nll``); the report pairs methods on the same prompts,
+    and says where each length's answer falls relative to L."""
     correct = answer_passkeys(model, tokenizer, samples, cfg.max_new_tokens, cfg.batch_size)
+    nll = key_nll(model, tokenizer, samples, cfg.batch_size)
     accuracy = passkey_accuracy(samples, correct)
     counts = Counter(s.length for s in samples)
     intervals = {n: wilson(round(acc * counts[n]), counts[n]) for n, acc in accuracy.by_length.items()}
     section = PasskeyResults(
         cfg.passkey_prompt, accuracy.by_length, accuracy.overall, {n: (i.low, i.high) for n, i in intervals.items()},
         [PasskeyCell(length, depth, acc) for (length, depth), acc in accuracy.by_cell.items()],
-        [PasskeyOutcome(s.length, s.depth, s.key, bool(ok), len(answer_ids(tokenizer, s.key)))
-         for s, ok in zip(samples, correct, strict=True)])
-    return section, accuracy.metrics("passkey")
+        [PasskeyOutcome(s.length, s.depth, s.key, bool(ok), len(answer_ids(tokenizer, s.key)), loss)
+         for s, ok, loss in zip(samples, correct, nll, strict=True)])
+    metrics = accuracy.metrics("passkey")
+    metrics.update({f"passkey/len{n}/key_nll": v for n, v in section.key_nll_by_length().items()})
+    return section, metrics

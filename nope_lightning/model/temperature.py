@@ -186,13 +186,16 @@ def layers(model: nn.Module) -> list[Temperature]:
 
 
 def apply_settings(model: nn.Module, settings: AttentionTemperature) -> None:
-    """Write the lambda table, the log-length slopes (files read here) and iRoPE's temperature (NoPE layers
-    only) that resolved ``settings`` ask for."""
+    """Write the lambda table (less its ``reset_layers`` rows), the log-length slopes (files read here) and
+    iRoPE's temperature (NoPE layers only) that resolved ``settings`` ask for."""
     every = layers(model)
     n_layer, n_head = len(every), every[0].n_head
     table = torch.ones(n_layer, n_head)
     if settings.table:
         table = load_table(settings.table, n_layer, n_head)
+    if any(layer >= n_layer for layer in settings.reset_layers):
+        raise ValueError(f"temperature.reset_layers={settings.reset_layers}: the model has layers 0-{n_layer - 1}")
+    table[settings.reset_layers] = 1.0
     set_temperatures(model, table * settings.uniform)
     slopes = None
     if settings.log_slope_table:

@@ -213,8 +213,11 @@ def extension_problem(ext, model: Model, entry: dict) -> None:
     """The model config ``evaluate`` will load, ``ext``'s settings on the trained model's (as ``load_model``
     builds it), must be valid: e.g. iRoPE's temperature on a model with no NoPE layer is refused here, before the
     pre-training the evaluation waits for, not after it."""
-    # Its tables and fit are artifacts of earlier steps, downloaded only when the step runs: they stand as unset.
-    temperature = dataclasses.replace(ext.temperature, table="", log_slope_table="", log_slope_fit="")
+    # Its tables and fit are artifacts of earlier steps, downloaded only when the step runs: a table stands as a
+    # placeholder (what needs one, such as reset_layers, sees it set), the fit as unset.
+    placeholder = {key: "<an earlier step's table>" if getattr(ext.temperature, key) else ""
+                   for key in ("table", "log_slope_table")}
+    temperature = dataclasses.replace(ext.temperature, **placeholder, log_slope_fit="")
     settings = {"temperature": temperature, "attention_backend": ext.attention_backend}
     if ext.rope_scaling.method != "none":
         settings["rope_scaling"] = ext.rope_scaling

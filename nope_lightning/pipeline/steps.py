@@ -181,6 +181,8 @@ ADDED_FIELDS: dict[str, Any] = {
     "irope_floor": 1.0, "parameter": "lambda",
     # a synthetic grid's per-task recipes
     "task_overrides": {},
+    # the learned temperature table with some layers reset to 1 (HeadScale's retrieval probe)
+    "reset_layers": [],
 }
 
 

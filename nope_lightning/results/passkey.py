@@ -18,13 +18,16 @@ class PasskeyOutcome:
     """One prompt: its length (tokens), the key's depth (0-1 of the haystack), the key, and whether the
     model's answer was exactly the key. The prompt is the same for every method: ``prompt`` identifies it.
     ``key_tokens``: how many tokens the answer (the key's tokens, generated right after the prompt) takes, so
-    the answer occupies positions ``length + 1 .. length + key_tokens`` (1-based); None when not recorded."""
+    the answer occupies positions ``length + 1 .. length + key_tokens`` (1-based); None when not recorded.
+    ``key_nll``: the answer's teacher-forced NLL given the prompt, nats per answer token (None: not recorded,
+    results written before it was)."""
 
     length: int
     depth: float
     key: str
     correct: bool
     key_tokens: int | None = None
+    key_nll: float | None = None
 
     @property
     def prompt(self) -> tuple[int, float, str]:
@@ -56,6 +59,14 @@ class PasskeyResults:
         """The outcomes at ``length`` tokens (None: every length), in prompt order."""
         return [s for s in self.samples if length is None or s.length == length]
 
+    def key_nll_by_length(self) -> dict[int, float]:
+        """Mean teacher-forced key NLL (nats per answer token) per length, for the lengths whose every prompt
+        recorded one."""
+        by: dict[int, list[float | None]] = {}
+        for s in self.samples:
+            by.setdefault(s.length, []).append(s.key_nll)
+        return {n: sum(v) / len(v) for n, v in by.items() if None not in v}
+
     def body(self) -> dict[str, Any]:
         out = {"prompt": self.prompt, "by_length": self.by_length, "overall": self.overall,
                "by_length_interval": {n: list(i) for n, i in self.by_length_interval.items()},
@@ -64,14 +75,18 @@ class PasskeyResults:
         counts = [s.key_tokens for s in self.samples]
         if None not in counts:
             out["key_tokens"] = counts
+        nll = [s.key_nll for s in self.samples]
+        if None not in nll:
+            out["key_nll"] = nll
         return out
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> PasskeyResults:
         rows = data["samples"]
         counts = data.get("key_tokens", [None] * len(rows))
+        nll = data.get("key_nll", [None] * len(rows))
         return cls(data.get("prompt", ""), int_keys(data.get("by_length", {})), data.get("overall", 0.0),
                    {n: tuple(i) for n, i in int_keys(data.get("by_length_interval", {})).items()},
                    [PasskeyCell(*cell) for cell in data.get("by_cell", [])],
-                   [PasskeyOutcome(*row, key_tokens=k) for row, k in zip(rows, counts, strict=True)])
+                   [PasskeyOutcome(*row, key_tokens=k, key_nll=n) for row, k, n in zip(rows, counts, nll, strict=True)])
 
