@@ -274,3 +274,27 @@ def test_a_cell_holding_a_pipe_renders_in_its_own_column_of_the_html_report(tmp_
     (rows,) = parser.tables
     assert len(rows) == 3 and set(rows) == {8}, rows  # header + 2 rows, each with the header's 8 cells
     assert "<td>|effect| &lt;= 0.0953 nats</td>" in page
+
+
+def test_the_key_nll_table_averages_each_seed_s_prompts_then_the_seeds():
+    from scipy import stats
+
+    from nope_lightning.analysis.tables import key_nll_table
+
+    def with_nll(passkey: list[bool], nll: list[float] | None) -> EvaluationResult:
+        data = run_result(3.0, passkey=passkey).to_dict()
+        if nll is not None:
+            data["passkey"]["key_nll"] = nll
+            data["passkey"]["key_tokens"] = [3] * len(nll)
+        return EvaluationResult.from_dict(data)
+
+    runs = {"nope": {1: with_nll([True, False], [0.5, 1.5]), 2: with_nll([True, True], [0.25, 0.75])},
+            "old": {1: with_nll([True, False], None)}}  # results written before the NLL was: no row
+    text = key_nll_table(runs)
+    mean = stats.t.interval(0.95, 1, loc=0.75, scale=0.25)  # seeds' means 1.0 and 0.5: mean 0.75, sem 0.25
+    assert f"| nope | 0.75 [{mean[0]:.2f}, {mean[1]:.2f}] |" in text
+    assert "old" not in text and "100 (answer at 101-103: past L)" in text and "2 seeds" in text
+    one = key_nll_table({"nope": {None: with_nll([True, False, True], [0.5, 1.5, 1.0])}})
+    low, high = stats.t.interval(0.95, 2, loc=1.0, scale=stats.sem([0.5, 1.5, 1.0]))
+    assert f"| nope | 1.00 [{low:.2f}, {high:.2f}] |" in one
+    assert key_nll_table({"old": runs["old"]}) == ""

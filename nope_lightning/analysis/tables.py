@@ -301,6 +301,33 @@ def passkey_table(runs: Runs) -> str:
             + markdown_table(["method", *header, "all lengths"], rows))
 
 
+def _key_nll(result: EvaluationResult, n: int | None) -> list[float]:
+    """Each passkey prompt's teacher-forced answer NLL at ``n`` tokens (None: every length); empty when any is
+    unrecorded."""
+    values = [s.key_nll for s in result.passkey.at(n)] if result.passkey else []
+    return [] if None in values else values
+
+
+def key_nll_table(runs: Runs) -> str:
+    """The teacher-forced NLL of the passkey's answer (nats per answer token, ``eval.passkey.key_nll``) per method
+    x prompt length: what accuracy hides, e.g. how far from the key a model that stopped retrieving has moved.
+    Mean over seeds with a t interval across them; one seed: the t interval over its prompts."""
+    with_nll = {m: s for m, s in runs.items() if any(_key_nll(r, None) for r in s.values())}
+    if not with_nll:
+        return ""
+    results = [r for s in with_nll.values() for r in s.values() if _key_nll(r, None)]
+    lengths = sorted({sample.length for r in results for sample in r.passkey.samples})
+
+    def interval(by_seed: Mapping[int | None, EvaluationResult], n: int) -> Interval | None:
+        return across(by_seed, lambda r: float(np.mean(v)) if (v := _key_nll(r, n)) else None,
+                      lambda r: t_interval(v) if len(v := _key_nll(r, n)) > 1 else None)
+
+    rows = [[m, *[cell(interval(s, n)) for n in lengths]] for m, s in with_nll.items()]
+    header = [answer_label(n, results[0].train_len, key_tokens(results, n)) for n in lengths]
+    return (f"### Passkey answer NLL (teacher-forced, nats per answer token; {seed_note(with_nll)})\n\n"
+            + markdown_table(["method", *header], rows))
+
+
 def longctx_table(runs: Runs) -> str:
     tasks = sorted({t for s in runs.values() for r in s.values() for t in r.longctx or {}})
     if not tasks:

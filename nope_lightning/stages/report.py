@@ -48,7 +48,7 @@ def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int,
     sections = [report_sections.claims_table(outcomes) if outcomes else "",
                 tables.ppl_tables(evals, methods.paper_rows("table2")) if evals else "", tables.bucket_table(evals),
                 tables.ablation_table(evals, outcomes, methods.paper_rows("table4")), tables.passkey_table(evals),
-                tables.longctx_table(evals),
+                tables.key_nll_table(evals), tables.longctx_table(evals),
                 *(tables.paired_table(evals, resamples, reference) for reference in methods.references),
                 *(report_sections.search_section(method, by_seed) for method, by_seed in searches.items())]
     figures: dict[str, Any] = {}
