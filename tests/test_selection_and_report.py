@@ -292,7 +292,7 @@ def test_the_key_nll_table_averages_each_seed_s_prompts_then_the_seeds():
             "old": {1: with_nll([True, False], None)}}  # results written before the NLL was: no row
     text = key_nll_table(runs)
     mean = stats.t.interval(0.95, 1, loc=0.75, scale=0.25)  # seeds' means 1.0 and 0.5: mean 0.75, sem 0.25
-    assert f"| nope | 0.75 [{mean[0]:.2f}, {mean[1]:.2f}] |" in text
+    assert f"| nope | 0.75 [{max(mean[0], 0.0):.2f}, {mean[1]:.2f}] |" in text  # an NLL is >= 0: clipped
     assert "old" not in text and "100 (answer at 101-103: past L)" in text and "2 seeds" in text
     one = key_nll_table({"nope": {None: with_nll([True, False, True], [0.5, 1.5, 1.0])}})
     low, high = stats.t.interval(0.95, 2, loc=1.0, scale=stats.sem([0.5, 1.5, 1.0]))

@@ -145,7 +145,10 @@ def ppl_tables(runs: Runs, rows: Mapping[str, str]) -> str:
             ref = reference.get(rows.get(method, ""))
             table.append([method, *cells, " / ".join(paper.fmt(v) for v in ref) if ref else MISSING])
         name = "PG19" if reference is paper.TABLE2_PG19 else "Proof-pile"
-        out.append(f"### Sliding-window perplexity on `{corpus}` ({first.split} split, stride {first.stride}, "
+        others = sorted({r.split for by_seed in runs.values() for r in by_seed.values()} - {first.split})
+        split = first.split + (f" split; the rows run on the {', '.join(others)} split say so in their names"
+                               if others else " split")
+        out.append(f"### Sliding-window perplexity on `{corpus}` ({split}, stride {first.stride}, "
                    f"every length scored on the same target tokens; {seed_note(runs)}; paper column: {name}, "
                    f"TinyLlama-1.1B at 2K)\n\n" + markdown_table(header, table))
     return "\n\n".join(out)
@@ -320,7 +323,8 @@ def key_nll_table(runs: Runs) -> str:
 
     def interval(by_seed: Mapping[int | None, EvaluationResult], n: int) -> Interval | None:
         return across(by_seed, lambda r: float(np.mean(v)) if (v := _key_nll(r, n)) else None,
-                      lambda r: t_interval(v) if len(v := _key_nll(r, n)) > 1 else None)
+                      lambda r: t_interval(v, bounds=(0.0, math.inf)) if len(v := _key_nll(r, n)) > 1 else None,
+                      bounds=(0.0, math.inf))  # an NLL is >= 0
 
     rows = [[m, *[cell(interval(s, n)) for n in lengths]] for m, s in with_nll.items()]
     header = [answer_label(n, results[0].train_len, key_tokens(results, n)) for n in lengths]
