@@ -296,5 +296,5 @@ def test_the_key_nll_table_averages_each_seed_s_prompts_then_the_seeds():
     assert "old" not in text and "100 (answer at 101-103: past L)" in text and "2 seeds" in text
     one = key_nll_table({"nope": {None: with_nll([True, False, True], [0.5, 1.5, 1.0])}})
     low, high = stats.t.interval(0.95, 2, loc=1.0, scale=stats.sem([0.5, 1.5, 1.0]))
-    assert f"| nope | 1.00 [{low:.2f}, {high:.2f}] |" in one
+    assert f"| nope | 1.00 [{max(low, 0.0):.2f}, {high:.2f}] |" in one
     assert key_nll_table({"old": runs["old"]}) == ""
