@@ -249,6 +249,24 @@ def test_an_inflection_is_where_the_curve_leaves_its_in_distribution_level_for_g
     assert both.tolist() == [8.0, 2.0]
 
 
+def test_an_entropy_inflection_is_where_the_curve_leaves_its_in_distribution_trend():
+    """Entropy grows with the number of keys: a curve that keeps its in-distribution slope in ln(position) has no
+    inflection (against a level it would "inflect" at L), one that departs from it at 2L does, and several curves
+    with their own trends are placed at once."""
+    starts, ends = np.asarray(EDGES[:-1], dtype=float), np.asarray(EDGES[1:], dtype=float)
+    centre = np.log((starts + ends) / 2)
+    growing = 1.0 + 0.6 * centre  # diffuse attention's ln i growth, as inside L
+    assert inflection(growing, EDGES, L, 0.1)[0] == 1.0  # the level rule: at L, whatever the model does
+    assert inflection(growing, EDGES, L, 0.1, trend=True)[0] == 8.0
+    departs = growing + 0.5 * (starts >= 2 * L)
+    assert inflection(departs, EDGES, L, 0.1, trend=True)[0] == 2.0
+    steeper = growing + 0.4 * np.clip(centre - np.log(1.5 * L), 0, None)  # a bend at 1.5L, rising for good
+    placed = inflection(np.stack([departs, steeper, 2.0 * growing]), EDGES, L, 0.1, trend=True)
+    # the bend crosses 0.1 nats once 0.4 ln(x / 1.5L) > 0.1: x > 1.5L e^0.25, the first bucket past 1.93 L
+    first = starts[(starts >= L) & (0.4 * (np.log((starts + ends) / 2) - np.log(1.5 * L)) > 0.1)][0] / L
+    assert placed.tolist() == [2.0, first, 8.0]
+
+
 def test_entropy_and_perplexity_inflect_together():
     claim = CLAIMS_BY_ID["inflections_coincide"]
     together = {"nope": {s: curve_run(2.0, 2.0, s) for s in (1, 2, 3)}}

@@ -259,7 +259,7 @@ def _inflections(edges: list[int], train_len: int, offset: int = 0) -> Callable[
         logppl = sums[:, 0, offset:offset + count] / (windows * widths)
         entropy = sums[:, 0, offset + count:offset + 2 * count] / (windows * widths)
         return (inflection(logppl, edges, train_len, INFLECTION_LOGPPL),
-                inflection(entropy, edges, train_len, INFLECTION_ENTROPY))
+                inflection(entropy, edges, train_len, INFLECTION_ENTROPY, trend=True))
 
     return both
 

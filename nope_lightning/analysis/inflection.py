@@ -16,6 +16,16 @@ first bucket past L from which *every* later bucket lies more than ``rise`` abov
 
 A curve with no inflection inside it gets the curve's end (``edges[-1] / L``): a lower bound, which is what a
 flat curve (RoPE-NTK) or a repair that holds to the end means.
+
+Attention entropy (``trend=True``) is measured against its in-distribution *trend*, not a level: a query at
+position i attends over i + 1 keys, so entropy grows with position even in a model that generalizes (diffuse
+attention over i keys has entropy ln i). Measured on the 12 x 64 NoPE models of ``experiments/regime_study.yaml``,
+it rises ~0.2 nats per 32-token bucket already inside [L/2, L), so against a level every entropy curve — NoPE,
+lambda 1.5, HeadScale alike — "inflected" at exactly L, and the Fig 1-2 claims compared nothing. The trend is the
+least-squares line ``a + b ln(bucket centre)`` over the buckets inside [L/4, L) (three buckets of 32 at L = 128:
+enough for a slope; the first L/4 positions are the short-context start), extrapolated past L: what the model's
+entropy would do if it kept its in-distribution behaviour. The inflection is where the curve leaves that line for
+good by more than ``rise`` — paper 001's "steeply increasing point" of the entropy curve.
 """
 
 from __future__ import annotations
@@ -25,11 +35,13 @@ from collections.abc import Sequence
 import numpy as np
 
 
-def inflection(means: np.ndarray, edges: Sequence[int], train_len: int, rise: float) -> np.ndarray:
+def inflection(means: np.ndarray, edges: Sequence[int], train_len: int, rise: float,
+               trend: bool = False) -> np.ndarray:
     """The inflection of many curves at once: ``means`` (R, buckets) per-bucket means (nats) over the buckets
     ``edges`` (tokens, buckets + 1 values) -> (R,) positions in multiples of ``train_len`` (the curve's end when
-    it does not inflect; NaN where its level is undefined). ``ValueError`` when no bucket lies inside [L/2, L)
-    or past L."""
+    it does not inflect; NaN where its level is undefined). ``trend``: against the extrapolated in-distribution
+    line in ln(position) (module doc; attention entropy) instead of the [L/2, L) level. ``ValueError`` when no
+    bucket lies inside [L/2, L) or past L."""
     edges = np.asarray(edges, dtype=np.float64)
     starts, ends = edges[:-1], edges[1:]
     means = np.atleast_2d(np.asarray(means, dtype=np.float64))
@@ -41,8 +53,16 @@ def inflection(means: np.ndarray, edges: Sequence[int], train_len: int, rise: fl
         raise ValueError(f"an inflection needs buckets inside [L/2, L) and past L (L = {train_len}, buckets "
                          f"{edges[0]:g}..{edges[-1]:g} by {ends[0] - starts[0]:g})")
     widths = ends - starts
-    level = (means[:, inside] * widths[inside]).sum(-1) / widths[inside].sum()
-    above = means[:, past] > level[:, None] + rise  # NaN compares False: an undefined bucket is not above
+    if trend:
+        fit = (starts >= train_len / 4) & (ends <= train_len)
+        design = np.stack([np.ones(len(starts)), np.log((starts + ends) / 2)], 1)
+        coefficients = np.linalg.pinv(design[fit]) @ means[:, fit].T  # (2, R): intercept and slope per curve
+        baseline = (design @ coefficients).T  # (R, buckets): the in-distribution line, extrapolated
+        level = coefficients[0]
+    else:
+        level = (means[:, inside] * widths[inside]).sum(-1) / widths[inside].sum()
+        baseline = np.repeat(level[:, None], len(starts), 1)
+    above = means[:, past] > baseline[:, past] + rise  # NaN compares False: an undefined bucket is not above
     # stays[:, j]: every bucket from j on is above (a suffix "all", by cumulative products from the end)
     stays = np.flip(np.cumprod(np.flip(above, -1), -1), -1).astype(bool)
     position = starts[past][stays.argmax(-1)] / train_len

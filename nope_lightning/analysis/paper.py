@@ -95,8 +95,10 @@ FAILURE_RATIO = 1.5
 #: nats (PPL 20 % above its in-distribution level: ten times the effect floor, so the noise of one 32-bucket
 #: curve of 64 windows cannot cross it, yet a fifth of the smallest failure a repair claim accepts).
 INFLECTION_LOGPPL = math.log(1.2)
-#: Attention entropy: 0.1 nats (several times the standard error of one bucket's mean entropy over 64 windows,
-#: and a seventh of ln 2 = 0.69 nats, what fully diffuse attention gains per doubling of position).
+#: Attention entropy: 0.1 nats above its in-distribution trend in ln(position), extrapolated past L
+#: (``inflection(trend=True)``: entropy grows with the number of keys even where nothing fails); several times the
+#: standard error of one bucket's mean entropy over 64 windows, and a seventh of ln 2 = 0.69 nats, what fully
+#: diffuse attention gains per doubling of position.
 INFLECTION_ENTROPY = 0.1
 
 
