@@ -278,7 +278,7 @@ def result_keys(cfg: EvaluateConfig, train_len: int | None = None) -> dict[str, 
         keys.update({f"{cfg.split}/len{n}/entropy": float for n in lengths})
     if cfg.passkey_keys:
         depths = [round(100 * i / cfg.passkey_depths) for i in range(cfg.passkey_depths)]
-        keys.update({f"passkey/len{n}/acc": float for n in passkey})
+        keys.update({f"passkey/len{n}/{m}": float for n in passkey for m in ("acc", "key_nll")})
         keys.update({f"passkey/len{n}/depth{d}/acc": float for n in passkey for d in depths})
     if cfg.longctx_samples:
         keys.update({f"longctx/{t}/len{n}/score": float for t in cfg.longctx_tasks for n in passkey})
