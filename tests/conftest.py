@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def load_experiment(name: str) -> ModuleType:
+    """``experiments/<name>.py`` (a script, not a package module) imported as the module ``name``, registered in
+    ``sys.modules`` (its dataclasses need it); the caller removes it when done."""
+    spec = importlib.util.spec_from_file_location(name, REPO / f"experiments/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)

@@ -3,22 +3,14 @@ repair claim's estimate, the verdict counts), checked against the `small` report
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 
-from tests.conftest import REPO
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("regimes", REPO / "experiments/regimes.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import REPO, load_experiment
 
 
 def test_a_row_is_read_from_the_report_s_tables(tmp_path, monkeypatch):
-    regimes = load()
+    regimes = load_experiment("regimes")
+    del sys.modules["regimes"]  # the reference is enough from here on
     report = REPO / "experiments/results/small/report.md"
     row = regimes.row("gentle", report)
     # small report: NoPE 29.9 / 39.3 / 50.1 at 1x / 2x / 4x, passkey 0.62 at 128, repair +0.161 of the gap,

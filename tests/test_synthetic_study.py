@@ -6,7 +6,6 @@ the files cover the paper's three categories with >= 8 tasks x 5 PEs x 3 seeds a
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 from nope_lightning.config.synthetic import PAPER_PES
 from nope_lightning.pipeline.registry import stage_config
 from nope_lightning.pipeline.steps import expand, step_config
-from tests.conftest import REPO
+from tests.conftest import REPO, load_experiment
 
 FILES = {name: REPO / f"experiments/synthetic_{name}.yaml" for name in ("primitive", "math", "classic")}
 #: The scratchpad study, one file per task (each fits 120 min on 2 cores).
@@ -28,12 +27,8 @@ STEPS = {"copy_repeat": 2000, "copy_repeat_change": 3000, "reverse": 3000, "pari
 
 @pytest.fixture(scope="module")
 def slicer():
-    spec = importlib.util.spec_from_file_location("parallel_slices", REPO / "experiments/parallel_slices.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield load_experiment("parallel_slices")
+    del sys.modules["parallel_slices"]
 
 
 def grids(path: Path, overrides: tuple[str, ...] = ()):
