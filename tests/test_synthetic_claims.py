@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
+from nope_lightning.analysis.claim_tests import NotMeasured
 from nope_lightning.analysis.claims import NO_SEED_VERDICT
 from nope_lightning.analysis.stats import wilson
 from nope_lightning.analysis.synthetic_claims import (
@@ -225,6 +226,14 @@ def test_the_mrr_table_sits_beside_the_papers_numbers():
     table = exact_match_table(grid(lambda t, pe, s: QUERIES[t, s][PES.index(pe)], tasks=("copy", "sort")), RESAMPLES)
     nope = next(line for line in table.splitlines() if line.startswith("| NoPE |") and "0.69" in line)
     assert nope.endswith("| 0.69 |") and "Out of distribution" in table and "In distribution" in table
+
+
+def test_a_scratchpad_only_grid_gets_its_tables_and_mrr_not_measured():
+    cells = grid(lambda t, pe, s: 0.5, tasks=("addition",), scratchpad="full")
+    with pytest.raises(NotMeasured, match="no task without a scratchpad"):
+        mrr_intervals(cells, RESAMPLES)
+    table = exact_match_table(cells, RESAMPLES)
+    assert "| addition (full) | 0 |" in table and "not measured: no task without a scratchpad" in table
 
 
 def test_wilson_per_cell_matches_its_formula():

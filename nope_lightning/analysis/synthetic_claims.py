@@ -328,6 +328,8 @@ def mrr_intervals(cells: Iterable[SyntheticCell], resamples: int = 1000) -> dict
     MRR over each seed's tasks). ``NotMeasured`` when a cell of that grid is missing."""
     index = CellIndex(cells)
     tasks = index.tasks(NONE)
+    if not tasks:  # a scratchpad-only grid: MRR ranks the PEs on tasks without one
+        raise NotMeasured("no task without a scratchpad in these results")
     pes = [pe for pe in RANKED if any(k[1:3] == (NONE, pe) for k in index.cells)]
     acc = _accuracy(index.grid(tasks, index.seeds(NONE, tasks), [(NONE, pe) for pe in pes]), "ood")
     per_seed, ranks = _mrr(acc), _mrr(acc[..., None, :])
