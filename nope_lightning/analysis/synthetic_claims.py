@@ -185,7 +185,6 @@ def _accuracy(grid: np.ndarray, split: str) -> np.ndarray:
 
 # --- statistics: accuracies (..., seeds, tasks, columns) --------------------------------------------------------
 
-
 def _mrr(acc: np.ndarray) -> np.ndarray:
     """MRR of each column over the queries of ``acc`` (..., queries, columns) -> (..., columns)."""
     flat = acc.reshape(-1, *acc.shape[-2:])
@@ -327,8 +326,7 @@ def mrr_intervals(cells: Iterable[SyntheticCell], resamples: int = 1000) -> dict
     paper's PEs that the cells hold ranked; with the 95 % crossed bootstrap over tasks and seeds (``per_seed``: its
     MRR over each seed's tasks). ``NotMeasured`` when a cell of that grid is missing."""
     index = CellIndex(cells)
-    tasks = index.tasks(NONE)
-    if not tasks:  # a scratchpad-only grid: MRR ranks the PEs on tasks without one
+    if not (tasks := index.tasks(NONE)):  # a scratchpad-only grid: MRR ranks PEs on tasks without one
         raise NotMeasured("no task without a scratchpad in these results")
     pes = [pe for pe in RANKED if any(k[1:3] == (NONE, pe) for k in index.cells)]
     acc = _accuracy(index.grid(tasks, index.seeds(NONE, tasks), [(NONE, pe) for pe in pes]), "ood")
