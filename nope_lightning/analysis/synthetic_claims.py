@@ -160,6 +160,13 @@ class CellIndex:
         """The tasks run with ``scratchpad``, in the order the cells came."""
         return list(dict.fromkeys(task for task, s, _, _ in self.cells if s == scratchpad))
 
+    def plain_tasks(self, wanted: Sequence[str] = ()) -> list[str]:
+        """The tasks run without a scratchpad (those of ``wanted`` when given); ``NotMeasured`` when none is."""
+        if tasks := [t for t in self.tasks(NONE) if not wanted or t in wanted]:
+            return tasks
+        raise NotMeasured(f"the results hold none of its tasks ({', '.join(wanted)})" if wanted
+                          else "no task without a scratchpad in these results")
+
     def seeds(self, scratchpad: str, tasks: Sequence[str]) -> list[int]:
         return sorted({seed for task, s, _, seed in self.cells if s == scratchpad and task in tasks})
 
@@ -215,28 +222,20 @@ def _paired_bootstrap(grid: np.ndarray, pooled: Callable[[np.ndarray], np.ndarra
 
 # --- claims ----------------------------------------------------------------------------------------------------
 
-
 def _passing(claim: SyntheticClaim, grid: np.ndarray, tasks: Sequence[str], columns: Sequence[Column]
              ) -> tuple[list[int], list[tuple[str, str]]]:
     """The indices of the tasks where every compared PE meets the claim's ID floor (mean over seeds), and the
     other tasks as (task, the ID exact matches below it)."""
-    ids, kept, left_out = _accuracy(grid, "id").mean(0), [], []  # ids: (tasks, columns)
-    for t, task in enumerate(tasks):
-        low = [f"{PAPER_NAMES.get(pe, pe)}{'' if pad == NONE else f' ({pad})'} ID {ids[t, c]:.2f} < {floor.value:g}"
-               for floor in claim.preconditions for c, (pad, pe) in enumerate(columns)
-               if pe in floor.methods and ids[t, c] < floor.value]
-        if low:
-            left_out.append((task, ", ".join(low)))
-        else:
-            kept.append(t)
-    return kept, left_out
+    ids = _accuracy(grid, "id").mean(0)  # (tasks, columns)
+    low = [[f"{PAPER_NAMES.get(pe, pe)}{'' if pad == NONE else f' ({pad})'} ID {ids[t, c]:.2f} < {floor.value:g}"
+            for floor in claim.preconditions for c, (pad, pe) in enumerate(columns)
+            if pe in floor.methods and ids[t, c] < floor.value] for t in range(len(tasks))]
+    return [t for t, why in enumerate(low) if not why], [(tasks[t], ", ".join(why)) for t, why in enumerate(low) if why]
 
 
 def _compare(claim: SyntheticClaim, index: CellIndex, resamples: int) -> SyntheticOutcome:
     """A PE-vs-PE claim (``mrr_margin``, ``ood_margin``) on the cells without a scratchpad."""
-    tasks = [t for t in index.tasks(NONE) if not claim.tasks or t in claim.tasks]
-    if not tasks:
-        raise NotMeasured(f"the results hold none of its tasks ({', '.join(claim.tasks)})")
+    tasks = index.plain_tasks(claim.tasks)
     seeds, columns = index.seeds(NONE, tasks), [(NONE, pe) for pe in claim.methods]
     grid = index.grid(tasks, seeds, columns)
     kept, left_out = _passing(claim, grid, tasks, columns)
@@ -269,8 +268,7 @@ def _scratchpad(claim: SyntheticClaim, index: CellIndex, resamples: int) -> Synt
     tasks = [t for t in index.tasks(FULL) if t in index.tasks(NONE)]
     if not tasks:
         raise NotMeasured("the results hold no task run both with a full scratchpad and without one")
-    effects = []
-    left_out = [(t, "run with a full scratchpad only") for t in index.tasks(FULL) if t not in tasks]
+    effects, left_out = [], [(t, "run with a full scratchpad only") for t in index.tasks(FULL) if t not in tasks]
     for task in tasks:
         seeds = index.seeds(FULL, [task])
         pes = [pe for pe in claim.methods
@@ -324,10 +322,9 @@ def evaluate_claims(cells: Iterable[SyntheticCell], resamples: int = 1000,
 def mrr_intervals(cells: Iterable[SyntheticCell], resamples: int = 1000) -> dict[str, Interval]:
     """Each PE's MRR as the paper computes it: every (task, seed) query without a scratchpad, no ID floor, the
     paper's PEs that the cells hold ranked; with the 95 % crossed bootstrap over tasks and seeds (``per_seed``: its
-    MRR over each seed's tasks). ``NotMeasured`` when a cell of that grid is missing."""
+    MRR over each seed's tasks). ``NotMeasured`` when a cell of that grid is missing, or no task lacks a scratchpad."""
     index = CellIndex(cells)
-    if not (tasks := index.tasks(NONE)):  # a scratchpad-only grid: MRR ranks PEs on tasks without one
-        raise NotMeasured("no task without a scratchpad in these results")
+    tasks = index.plain_tasks()
     pes = [pe for pe in RANKED if any(k[1:3] == (NONE, pe) for k in index.cells)]
     acc = _accuracy(index.grid(tasks, index.seeds(NONE, tasks), [(NONE, pe) for pe in pes]), "ood")
     per_seed, ranks = _mrr(acc), _mrr(acc[..., None, :])
