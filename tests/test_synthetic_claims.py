@@ -137,6 +137,8 @@ def test_a_claim_is_untestable_when_no_task_was_learned_in_distribution(claim_id
     failed = outcome(claim_id, grid(SCENARIOS[claim_id][0], id_acc=lambda task, pe: 0.62 if pe == "rope" else 1.0))
     assert failed.verdict == "untestable" and failed.interval is None
     assert "Rotary ID 0.62 < 0.9" in failed.reason and "copy: " in failed.reason and "reverse: " in failed.reason
+    # the table's tasks column says none was compared before listing those left out, not a bare "; left out"
+    assert "| none; left out copy: Rotary ID 0.62 < 0.9; left out reverse: " in claims_table([failed])
 
 
 def test_a_task_failing_the_id_floor_is_left_out_and_listed():

@@ -346,7 +346,8 @@ def claims_table(outcomes: Sequence[SyntheticOutcome]) -> str:
     show, rows = "{:+.3f}".format, []
     for o in outcomes:
         c = o.claim
-        tasks = ", ".join(o.tasks) + "".join(f"; left out {t}: {why}" for t, why in o.left_out) or MISSING
+        compared = [", ".join(o.tasks) or "none"] + [f"left out {t}: {why}" for t, why in o.left_out]
+        tasks = "; ".join(compared) if o.tasks or o.left_out else MISSING
         if o.by_task:
             words = [_TASK_WORDS[e.verdict] for e in o.by_task]
             rows.append([c.text, c.rule, c.paper, "; ".join(f"{e.tasks[0]} {cell(e.across, show)} ({w})" for e, w in
