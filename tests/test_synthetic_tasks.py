@@ -23,6 +23,7 @@ from nope_lightning.synthetic import (
     enabled_components,
     exact_match,
     get_task,
+    is_held_out,
     length_bucket,
     make_split,
     parse_answer,
@@ -36,6 +37,7 @@ from nope_lightning.synthetic.pcfg import FUNCTIONS, MAX_FUNCTIONS, MAX_OUTPUT, 
 from nope_lightning.synthetic.scan import all_commands
 from nope_lightning.synthetic.scan import interpret as scan_interpret
 from nope_lightning.synthetic.scratchpad import step
+from nope_lightning.synthetic.tasks import is_large
 
 COPY_REVERSE = {
     "copy_repeat": lambda s: s,
@@ -279,13 +281,15 @@ def test_make_split_lengths_determinism_and_holdout(task):
     assert set(Counter(e.length for e in test).values()) == {3}  # every test bucket, evenly
     assert make_split(task, "train", 200, seed=1) == train
     assert make_split(task, "train", 200, seed=2) != train
-    if task not in {"parity", "copy_repeat", "copy_repeat_2x"}:  # spaces big enough to hold out
-        assert {tuple(e.prompt) for e in train}.isdisjoint(tuple(e.prompt) for e in valid)
+    # Every validation problem at a large length is reserved (never in training); at a small one, none is.
+    assert all(is_held_out(e.prompt) == is_large(task, e.length) for e in valid)
+    assert not any(is_held_out(e.prompt) for e in train)
 
 
 def test_train_and_valid_stay_disjoint_across_seeds_and_sizes():
-    train = {tuple(e.prompt) for e in make_split("scan", "train", 3000, seed=0)}
-    valid = {tuple(e.prompt) for e in make_split("scan", "valid", 300, seed=7)}
+    train = {tuple(e.prompt) for e in make_split("pcfg", "train", 3000, seed=0)}
+    valid = {tuple(e.prompt) for e in make_split("pcfg", "valid", 300, seed=7)}
+    assert all(is_large("pcfg", length) for length in get_task("pcfg").split_lengths("valid"))
     assert len(valid) > 200 and train.isdisjoint(valid)
 
 

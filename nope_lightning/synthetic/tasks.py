@@ -28,15 +28,22 @@ Choices where the paper leaves room:
 * Every other task draws training lengths uniformly, and every test split cycles through its lengths
   so that each length bucket gets the same number of examples (within one).
 
-Validation examples come from the training lengths, but ``make_split`` keeps train and valid
-disjoint without coordinating the two calls: a stable hash of the prompt reserves one problem in
-``HOLDOUT_MODULUS`` for validation, training rejects those, validation accepts only those. When a
-length has too few problems to split this way (parity with 1 bit), both sides fall back to
-plain draws.
+Validation examples come from the training lengths. ``make_split`` splits train and valid without
+coordinating the two calls: a stable hash of the prompt reserves one problem in ``HOLDOUT_MODULUS``
+for validation, and training never draws a reserved problem. Where a length's problem space is large
+(``is_large``), validation draws only reserved problems, so it measures problems training never saw
+(the reference's random split does the same there: a fresh draw is almost never in its training
+set). Where it is small (summation with 1 summand has 9 problems, copy_repeat 100 per length), a
+validation bucket of reserved problems alone would be made of problems training can never see,
+whereas the reference's random split (McGill-NLP/length-generalization, ``random.shuffle`` of one
+pool) puts nearly all of them in training too; there validation draws from training's problems,
+so that at most the share of its problems the reference's split leaves unseen is unseen here.
+Training is the same in both cases, so this choice changes no training data.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from collections.abc import Callable
@@ -51,6 +58,10 @@ from .scratchpad import COMPONENTS, parse_answer, render_scratchpad, supported_f
 SPLITS = ("train", "valid", "test")
 HOLDOUT_MODULUS = 10
 MAX_DRAWS = 400  # draws to find a problem on the right side of the train/valid hash split
+PROBE_DRAWS = 2048
+"""Draws of ``is_large``'s probe. A space of K equally likely problems gives m draws without a repeat with
+probability about exp(-m^2 / 2K): never (< e^-40) for K <= 5e4, where a random split of 2,500 training examples
+at that length would leave more than 5% of validation unseen, and mostly for K >= 1e7."""
 
 
 def _any_length(length: int) -> bool:
@@ -176,21 +187,35 @@ def make_split(task: str, split: str, n: int, seed: int, scratchpad: str = "none
     if split == "test":
         return [spec.generate(rng, lengths[i % len(lengths)], scratchpad) for i in range(n)]
     plan = rng.choices(lengths, weights=[spec.train_weight(length) for length in lengths], k=n)
-    too_small: set[int] = set()  # lengths whose problems cannot be split between train and valid
-    return [_draw_held_out(spec, rng, length, scratchpad, split == "valid", too_small) for length in plan]
+    return [_draw(spec, rng, length, scratchpad, valid=split == "valid" and is_large(spec.name, length))
+            for length in plan]
 
 
-def _draw_held_out(spec: TaskSpec, rng: random.Random, length: int, scratchpad: str,
-                   valid: bool, too_small: set[int]) -> Example:
-    """An example on the requested side of the train/valid split, or any example for a too-small length."""
-    if length in too_small:
-        return spec.generate(rng, length, scratchpad)
+def _draw(spec: TaskSpec, rng: random.Random, length: int, scratchpad: str, valid: bool) -> Example:
+    """An example whose problem is reserved for validation (``valid``) or not (training's problems)."""
     for _ in range(MAX_DRAWS):
         example = spec.generate(rng, length, scratchpad)
         if is_held_out(example.prompt) == valid:
             return example
-    too_small.add(length)
-    return example
+    raise RuntimeError(f"{spec.name} at length {length}: no {'reserved' if valid else 'unreserved'} problem in "
+                       f"{MAX_DRAWS} draws")
+
+
+@functools.cache
+def is_large(task: str, length: int) -> bool:
+    """Whether ``task`` at ``length`` has so many problems that validation may hold problems training never sees.
+
+    A fixed probe (its own random stream, so the same in every process and seed): ``PROBE_DRAWS`` problems,
+    large when no prompt repeats. A repeat means a few hundred thousand problems or fewer (see ``PROBE_DRAWS``).
+    """
+    spec, rng = get_task(task), random.Random(f"{task}/probe/{length}")
+    seen: set[tuple[str, ...]] = set()
+    for _ in range(PROBE_DRAWS):
+        prompt = tuple(spec.make(rng, length).prompt)
+        if prompt in seen:
+            return False
+        seen.add(prompt)
+    return True
 
 
 def is_held_out(prompt: list[str]) -> bool:
