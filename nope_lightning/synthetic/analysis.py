@@ -1,8 +1,8 @@
 """Analysis of the synthetic grid: PE ranking, attention similarity to NoPE, attended distance, and plots.
 
 * ``mrr_with_ties`` — mean reciprocal rank of the PEs over queries ((task, seed) pairs), tied scores
-  sharing their average rank (the reference breaks ties by row order, which favours whichever PE comes
-  first; averaging does not).
+  sharing their average rank; ``mrr_row_order`` — the same with ties broken as the reference breaks them
+  (pandas' ``rank(method="first")``: the method listed first wins), which favours whichever PE comes first.
 * ``jsd`` / ``min_head_jsd`` — the textbook Jensen–Shannon divergence in nats (natural log, so
   0 <= JSD <= ln 2) between attention rows; per layer, the minimum over *all* head pairs (PE head i,
   NoPE head j) of the mean over query rows. The reference computes KL in the reverse direction and only
@@ -40,13 +40,8 @@ from nope_lightning.synthetic.vocab import Vocabulary
 # --- ranking ----------------------------------------------------------------------------------------
 
 
-def mrr_with_ties(scores: Mapping[str, Sequence[float]]) -> dict[str, float]:
-    """Mean reciprocal rank of each method; ``scores[method][q]`` is its score on query q (higher wins).
-
-    On each query the methods are ranked 1..n and tied methods all get the mean of the ranks they span
-    (pandas' ``rank(method="average")``): two methods tied for first both get rank 1.5, i.e. 1/1.5.
-    A method's MRR is the mean over queries of 1/rank.
-    """
+def _reciprocal_ranks(scores: Mapping[str, Sequence[float]], ties: str) -> dict[str, float]:
+    """Each method's mean over queries of 1 / its rank (1 = highest score); ``ties``: "average" or "first"."""
     names = list(scores)
     table = np.asarray([scores[name] for name in names], dtype=float)  # (methods, queries)
     if table.ndim != 2 or table.shape[1] == 0:
@@ -55,9 +50,73 @@ def mrr_with_ties(scores: Mapping[str, Sequence[float]]) -> dict[str, float]:
         raise ValueError("scores contain NaN")
     # [i, j, q] compares method j with method i on query q.
     higher = (table[None, :, :] > table[:, None, :]).sum(axis=1)
-    tied = (table[None, :, :] == table[:, None, :]).sum(axis=1)  # includes the method itself
-    rank = higher + (tied + 1) / 2
+    tied = table[None, :, :] == table[:, None, :]  # includes the method itself
+    if ties == "average":
+        rank = higher + (tied.sum(axis=1) + 1) / 2
+    else:  # "first": the tied methods listed before i ([i, j]: j < i) rank above it
+        rank = higher + (tied & np.tri(len(names), k=-1, dtype=bool)[:, :, None]).sum(axis=1) + 1
     return {name: float(np.mean(1.0 / rank[i])) for i, name in enumerate(names)}
+
+
+def mrr_with_ties(scores: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Mean reciprocal rank of each method; ``scores[method][q]`` is its score on query q (higher wins).
+
+    On each query the methods are ranked 1..n and tied methods all get the mean of the ranks they span
+    (pandas' ``rank(method="average")``): two methods tied for first both get rank 1.5, i.e. 1/1.5.
+    A method's MRR is the mean over queries of 1/rank.
+    """
+    return _reciprocal_ranks(scores, "average")
+
+
+def mrr_row_order(scores: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """``mrr_with_ties`` with ties broken by the order of ``scores``' keys, as the reference computes paper 002's
+    MRR (pandas' ``rank(method="first", ascending=False)`` down a frame whose rows are the PEs): of two tied
+    methods the one listed first gets the better rank, so the ranks of a query are always 1..n."""
+    return _reciprocal_ranks(scores, "first")
+
+
+#: The reference's row order when it ranks paper 002's MRR (``notebooks/plot_aggregate_final.ipynb`` of
+#: McGill-NLP/length-generalization): a tie goes to the PE listed first, so NoPE, listed last, loses every tie.
+PAPER_ROW_ORDER = ("rope", "alibi", "t5", "sinusoidal", "nope")
+
+
+@dataclass(frozen=True)
+class PaperMRR:
+    """Paper 002's MRR computed as the paper does over the queries given: ``mrr[pe]`` over all of them,
+    ``per_seed[pe]`` over each seed's (``seeds`` order); ``tasks``: the tasks ranked, ``queries``: how many (task,
+    seed) pairs; ``missing``: the paper's tasks without a query here. The paper ranks all its 17 tasks: with one
+    missing, these are MRRs over fewer tasks, not comparable with its numbers (``comparable``)."""
+
+    mrr: dict[str, float]
+    per_seed: dict[str, tuple[float, ...]]
+    seeds: tuple[int, ...]
+    tasks: tuple[str, ...]
+    queries: int
+    missing: tuple[str, ...]
+
+    @property
+    def comparable(self) -> bool:
+        return not self.missing
+
+
+def paper_mrr(scores: Mapping[tuple[str, int], Mapping[str, float]], paper_tasks: Sequence[str]) -> PaperMRR:
+    """MRR as paper 002 computes it: ``scores[(task, seed)][pe]`` is a PE's test exact match on a query; every
+    query is ranked, with no in-distribution filter (a PE that never learned a task still takes a rank there),
+    ties broken by ``PAPER_ROW_ORDER`` (``mrr_row_order``). The PEs ranked are those of ``PAPER_ROW_ORDER`` that
+    ``scores`` holds; ``ValueError`` when a query lacks one of them (the reference drops such a query, silently).
+    ``paper_tasks``: the tasks the paper ranks, to name those missing here."""
+    pes = [pe for pe in PAPER_ROW_ORDER if any(pe in by_pe for by_pe in scores.values())]
+    if lacking := [query for query, by_pe in scores.items() if any(pe not in by_pe for pe in pes)]:
+        raise ValueError(f"{len(lacking)} queries lack a PE's result, e.g. (task, seed) = {lacking[0]}")
+    seeds = sorted({seed for _, seed in scores})
+
+    def over(queries: list[tuple[str, int]]) -> dict[str, float]:
+        return mrr_row_order({pe: [scores[q][pe] for q in queries] for pe in pes})
+
+    per_seed = [over([q for q in scores if q[1] == seed]) for seed in seeds]
+    tasks = tuple(dict.fromkeys(task for task, _ in scores))
+    return PaperMRR(over(list(scores)), {pe: tuple(m[pe] for m in per_seed) for pe in pes}, tuple(seeds), tasks,
+                    len(scores), tuple(t for t in paper_tasks if t not in tasks))
 
 
 # --- attention divergence -----------------------------------------------------------------------------

@@ -1,0 +1,87 @@
+"""Paper 002's synthetic-grid cells as the claims read them (``synthetic_claims``): one ``SyntheticCell`` per (task,
+scratchpad, PE, seed), indexed, laid out as (seeds, tasks, columns) grids, and each cell's exact match with its Wilson
+interval. Accuracies are exact match in [0, 1]: "id" the validation split (training lengths), "ood" the test split."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+from nope_lightning.analysis.claim_tests import NotMeasured
+from nope_lightning.analysis.stats import Interval, bootstrap, wilson
+from nope_lightning.results.synthetic import SyntheticCell
+
+NONE, FULL = "none", "full"  # the scratchpad formats the claims read
+
+# --- the cells ------------------------------------------------------------------------------------------------
+
+Column = tuple[str, str]  # (scratchpad, PE)
+
+
+def exact_match(result: SyntheticCell, split: str) -> Interval:
+    """One cell's exact match on ``split`` ("id": its validation examples, "ood": its test examples) with the 95 %
+    Wilson interval over those examples."""
+    buckets = [b for b in result.buckets if b.split == split]
+    return wilson(sum(round(b.acc * b.n) for b in buckets), sum(b.n for b in buckets))
+
+
+class CellIndex:
+    """The cells by (task, scratchpad, PE, seed); two cells with one key are an error."""
+
+    def __init__(self, cells: Iterable[SyntheticCell]) -> None:
+        self.cells: dict[tuple[str, str, str, int], SyntheticCell] = {}
+        for c in cells:
+            key = (c.task, c.scratchpad, c.pos_encoding, c.seed)
+            if key in self.cells:
+                raise ValueError(f"two results for {key} (runs {self.cells[key].run_id} and {c.run_id})")
+            self.cells[key] = c
+
+    def tasks(self, scratchpad: str) -> list[str]:
+        """The tasks run with ``scratchpad``, in the order the cells came."""
+        return list(dict.fromkeys(task for task, s, _, _ in self.cells if s == scratchpad))
+
+    def plain_tasks(self, wanted: Sequence[str] = ()) -> list[str]:
+        """The tasks run without a scratchpad (those of ``wanted`` when given); ``NotMeasured`` when none is."""
+        if tasks := [t for t in self.tasks(NONE) if not wanted or t in wanted]:
+            return tasks
+        raise NotMeasured(f"the results hold none of its tasks ({', '.join(wanted)})" if wanted
+                          else "no task without a scratchpad in these results")
+
+    def seeds(self, scratchpad: str, tasks: Sequence[str]) -> list[int]:
+        return sorted({seed for task, s, _, seed in self.cells if s == scratchpad and task in tasks})
+
+    def grid(self, tasks: Sequence[str], seeds: Sequence[int], columns: Sequence[Column]) -> np.ndarray:
+        """The cells as an object array (seeds, tasks, columns). ``NotMeasured`` when one is missing, or when the
+        cells of a (task, seed) were not scored on one test split (different ``test_digest``s or test sizes)."""
+        keys = [(task, pad, pe, seed) for seed in seeds for task in tasks for pad, pe in columns]
+        if missing := [k for k in keys if k not in self.cells]:
+            raise NotMeasured(f"{len(missing)} cells missing, e.g. (task, scratchpad, PE, seed) = {missing[0]}")
+        grid = np.array([self.cells[k] for k in keys], dtype=object).reshape(len(seeds), len(tasks), len(columns))
+        for s, t in np.ndindex(grid.shape[:2]):
+            splits = {(c.test_digest, sum(b.n for b in c.buckets if b.split == "ood")) for c in grid[s, t]}
+            if len({n for _, n in splits}) > 1 or len({d for d, _ in splits if d}) > 1:
+                raise NotMeasured(f"{tasks[t]}, seed {seeds[s]}: its cells were scored on different test examples "
+                                  f"(digest, size: {sorted(splits)}), so no difference between them is paired")
+        return grid
+
+
+def accuracy(grid: np.ndarray, split: str) -> np.ndarray:
+    """Exact match of each cell of ``grid`` on ``split`` ("id" or "ood"), same shape, float."""
+    return np.vectorize(lambda c: c.ood_acc if split == "ood" else c.id_acc, otypes=[float])(grid)
+
+
+def paired_bootstrap(grid: np.ndarray, pooled: Callable[[np.ndarray], np.ndarray], resamples: int) -> Interval | None:
+    """Evaluation-only interval of ``pooled`` (accuracies (R, seeds, tasks, columns) -> (R,)): each (seed, task)'s
+    test examples are drawn once for all its cells (one ``stats.bootstrap`` stratum), so the cells stay paired
+    example by example. None when a cell has no per-example record (a version-1 result)."""
+    if any(not c.ood_correct for c in grid.flat):
+        return None
+    n_seeds, n_tasks, n_columns = grid.shape
+    strata = [np.column_stack([*(np.asarray(c.ood_correct, dtype=float) for c in grid[s, t]),
+                               np.ones(len(grid[s, t, 0].ood_correct))]) for s, t in np.ndindex(n_seeds, n_tasks)]
+
+    def statistic(sums: np.ndarray) -> np.ndarray:  # (R, strata, columns + 1): correct counts, then examples drawn
+        return pooled((sums[..., :n_columns] / sums[..., n_columns:]).reshape(-1, n_seeds, n_tasks, n_columns))
+
+    return bootstrap(strata, statistic, resamples)
