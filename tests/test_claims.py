@@ -13,11 +13,19 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from nope_lightning.analysis.claim_tests import head_rank
-from nope_lightning.analysis.claims import NO_SEED_VERDICT, Outcome, evaluate_claim, verdict
+from nope_lightning.analysis.claim_rules import RuleChange, claim_problem
+from nope_lightning.analysis.claim_tests import NotMeasured, head_rank, untuned_head_entropy
+from nope_lightning.analysis.claims import (
+    NO_SEED_VERDICT,
+    Outcome,
+    evaluate_claim,
+    judge,
+    retrieval_by_seed,
+    verdict,
+)
 from nope_lightning.analysis.inflection import inflection
 from nope_lightning.analysis.paper import CLAIMS_BY_ID, Claim, Precondition
-from nope_lightning.analysis.report_sections import claims_table
+from nope_lightning.analysis.report_sections import changed_rules_section, claims_table, retrieval_line
 from nope_lightning.analysis.stats import Interval, t_interval
 from nope_lightning.analysis.tables import BIASED, BIASED_NOTE, paired_table
 from nope_lightning.config import pipeline as pipeline_config
@@ -98,8 +106,8 @@ def test_an_effect_in_every_seed_is_reproduced():
     per_seed = outcome.interval.per_seed
     assert per_seed == pytest.approx([d + noise(s, 0.005).mean() for s, d in zip((1, 2, 3), (0.10, 0.12, 0.09), strict=True)],
                                      abs=1e-9)
-    # the verdict reads the t interval of the per-seed effects (df = 2), computed here by scipy
-    low, high = scipy_stats.t.interval(0.95, 2, loc=np.mean(per_seed), scale=scipy_stats.sem(per_seed))
+    # the verdict reads the one-sided 95 % bounds of the per-seed effects (df = 2): the 90 % t interval, by scipy
+    low, high = scipy_stats.t.interval(0.90, 2, loc=np.mean(per_seed), scale=scipy_stats.sem(per_seed))
     assert (outcome.across.low, outcome.across.high) == pytest.approx((low, high))
     assert outcome.across.low > HURTS.threshold
 
@@ -129,8 +137,8 @@ def test_one_seed_reports_its_effect_with_its_evaluation_interval_and_no_verdict
     assert math.isnan(outcome.across.low) and math.isnan(outcome.prediction.low)
     row = next(line for line in claims_table([outcome]).splitlines() if line.startswith(f"| {HURTS.text}"))
     cells = row.strip("| ").split(" | ")
-    assert cells[3] == f"{outcome.interval.estimate:+.3f} nats (1 seed)" and cells[4] == "—"
-    assert cells[5].startswith(f"{outcome.interval.estimate:+.3f} [") and cells[7] == f"**{NO_SEED_VERDICT}**"
+    assert cells[5] == f"{outcome.interval.estimate:+.3f} nats (1 seed)" and cells[6] == "—"
+    assert cells[7].startswith(f"{outcome.interval.estimate:+.3f} [") and cells[9] == f"**{NO_SEED_VERDICT}**"
 
 
 def test_the_prediction_interval_for_a_new_seed():
@@ -328,9 +336,14 @@ def test_within_each_layer_lower_entropy_heads_learn_a_larger_lambda():
     entropy = rng.uniform(1, 5, (3, 4))
     # across layers lambda rises with entropy (layer offsets), within each layer it falls: only "within" counts
     table = 3.0 - 0.3 * entropy + np.arange(3)[:, None] * 2.0
-    runs = {"headscale_4x": {s: headscale((table + 0.01 * s).tolist(), entropy.tolist()) for s in (1, 2, 3)}}
+    # the verdict reads the untuned model's entropy (NoPE's evaluation over the last 1/8 of the tuning length);
+    # the tuned model's (HeadScale's own, here ranked the other way) is the paper's view, shown aside
+    untuned = {"nope": {s: untuned_run(entropy) for s in (1, 2, 3)}}
+    runs = {"headscale_4x": {s: headscale((table + 0.01 * s).tolist(), (-entropy).tolist()) for s in (1, 2, 3)},
+            **untuned}
     outcome = evaluate_claim(claim, runs, RESAMPLES)
     assert outcome.interval.per_seed == pytest.approx((-1.0, -1.0, -1.0)) and outcome.verdict == "reproduced"
+    assert outcome.aside == pytest.approx((1.0, 1.0, 1.0))
     assert math.isnan(outcome.interval.low)  # one table per seed: no evaluation units to resample
     shuffled = rng.permuted(table, axis=1)
     direct = np.mean([scipy_stats.spearmanr(e, t).statistic for e, t in zip(entropy, shuffled, strict=True)])
@@ -339,8 +352,32 @@ def test_within_each_layer_lower_entropy_heads_learn_a_larger_lambda():
     assert head_rank(tied, entropy) == pytest.approx(np.mean([scipy_stats.spearmanr(e, t).statistic
                                                               for e, t in zip(entropy[1:], shuffled[1:], strict=True)]))
     runs = {"headscale_4x": {s: headscale((1.0 + 0.3 * entropy + 0.01 * s).tolist(), entropy.tolist())
-                             for s in (1, 2, 3)}}
+                             for s in (1, 2, 3)}, **untuned}
     assert evaluate_claim(claim, runs, RESAMPLES).verdict == "not reproduced"
+
+
+def untuned_run(entropy: np.ndarray, edges: tuple[int, ...] = (0, 3 * L, 3 * L + L // 2, 4 * L)) -> EvaluationResult:
+    """NoPE's evaluation with per-head entropy ``entropy`` (n_layer, n_head) over [3.5L, 4L) and 9 nats elsewhere."""
+    buckets = np.full((*entropy.shape, len(edges) - 1), 9.0)
+    for i, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
+        if 3 * L + L // 2 <= a and b <= 4 * L:
+            buckets[..., i] = entropy
+    return EvaluationResult.from_dict({"corpora": ["kjv"], "train_len": L, "entropy": {
+        "edges": list(edges), "unit": "nats", "per_head": buckets.tolist(), "mean": []}})
+
+
+def test_the_untuned_entropy_is_the_tuning_lengths_last_eighth_or_not_measured():
+    entropy = np.arange(12.0).reshape(3, 4)
+    # two buckets tiling [3.5L, 4L) average by width: (3/4 of L/2 at e, 1/4 at e + 4) -> e + 1
+    split = (0, 3 * L + L // 2, 3 * L + 7 * L // 8, 4 * L)
+    result = EvaluationResult.from_dict({"corpora": ["kjv"], "train_len": L, "entropy": {
+        "edges": list(split), "unit": "nats", "per_head": np.stack([entropy * 0 + 9, entropy, entropy + 4], -1).tolist(),
+        "mean": []}})
+    assert untuned_head_entropy(result, 4 * L) == pytest.approx(entropy + 1.0)
+    with pytest.raises(NotMeasured, match="not measured in this bundle"):
+        untuned_head_entropy(untuned_run(entropy, (0, 3 * L, 4 * L)), 4 * L)  # a bucket straddles 3.5L
+    with pytest.raises(NotMeasured, match="not measured in this bundle"):
+        untuned_head_entropy(EvaluationResult.from_dict({"corpora": ["kjv"], "train_len": L}), 4 * L)
 
 
 def test_headscale_has_higher_entropy_and_lower_perplexity_than_uniform():
@@ -473,17 +510,19 @@ def test_the_claims_table_shows_seeds_a_new_seed_and_the_evaluation_interval_apa
     outcome = evaluate_claim(HURTS, hurt_runs((0.10, 0.20, 0.15)), RESAMPLES)
     table = claims_table([outcome])
     header = next(line for line in table.splitlines() if line.startswith("| claim"))
-    assert header.strip("| ").split(" | ")[3:6] == ["ours: mean [95 % t across seeds]",
+    assert header.strip("| ").split(" | ")[5:8] == ["ours: mean [90 % t across seeds]",
                                                     "one new seed [95 % prediction]",
                                                     "evaluation only [95 % pooled bootstrap]"]
     cells = next(line for line in table.splitlines() if line.startswith(f"| {HURTS.text}")).strip("| ").split(" | ")
     show = "{:+.3f}".format
-    assert cells[3].startswith(f"{show(outcome.across.estimate)} [{show(outcome.across.low)}, "
+    assert cells[2] == "one-sided t 95 % (superiority), raw scale"
+    assert cells[4] == f"{show(math.log(19.0 / 14.6))} nats (ln(19.0 / 14.6), Table 2 PG19)"  # the paper's, our units
+    assert cells[5].startswith(f"{show(outcome.across.estimate)} [{show(outcome.across.low)}, "
                                f"{show(outcome.across.high)}] nats (per seed: ")
-    assert cells[4] == f"{show(outcome.prediction.estimate)} [{show(outcome.prediction.low)}, " \
+    assert cells[6] == f"{show(outcome.prediction.estimate)} [{show(outcome.prediction.low)}, " \
                        f"{show(outcome.prediction.high)}]"
-    assert cells[5] == f"{show(outcome.interval.estimate)} [{show(outcome.interval.low)}, {show(outcome.interval.high)}]"
-    assert cells[6:] == ["3 of 3", "**reproduced**"]
+    assert cells[7] == f"{show(outcome.interval.estimate)} [{show(outcome.interval.low)}, {show(outcome.interval.high)}]"
+    assert cells[8:] == ["3 of 3", "**reproduced**"]
 
 
 def test_undefined_resamples_are_counted_and_shown():
@@ -579,3 +618,66 @@ def test_the_hybrids_study_names_every_method_its_claims_compare():
     assert cfg.reference == "nope" and cfg.more_references == ["rope"]
     with pytest.raises(ValueError, match="more_references: 'yarn' is no step's label"):
         load_config(PipelineConfig, Path(__file__).parents[1] / "experiments/hybrids.yaml", ["more_references=[yarn]"])
+
+
+def test_every_claim_declares_its_scale_test_and_margin_and_a_missing_one_fails_in_one_line():
+    for claim in CLAIMS_BY_ID.values():
+        assert claim_problem(claim) == "", claim.id
+    # a PPL ratio is tested on the log scale; an equivalence claim by TOST; the rest one-sided
+    assert CLAIMS_BY_ID["nope_breaks_past_L"].scale == "log"
+    assert {c.inference for c in CLAIMS_BY_ID.values() if c.side == "within"} == {"equivalence"}
+    bare = Claim("x", "", "", "log_ppl_difference", ("a", "b"), (1, 1), 0.1)
+    assert claim_problem(bare) == ("claim 'x' declares no scale: scale='log' for a strictly positive multiplicative "
+                                   "effect, else 'raw'")
+    assert "declares no test" in claim_problem(dataclasses.replace(bare, scale="raw"))
+    wrong = dataclasses.replace(bare, scale="raw", inference="superiority", threshold=-0.1)
+    assert "wrong side of the null 0" in claim_problem(wrong)
+    assert claim_problem(dataclasses.replace(wrong, inference="non-inferiority")) == ""
+    assert "must be > 0" in claim_problem(dataclasses.replace(bare, scale="log", inference="superiority", threshold=0))
+    assert "equivalence test is for a 'within' claim" in claim_problem(
+        dataclasses.replace(bare, scale="raw", inference="equivalence"))
+
+
+def test_the_breakdown_on_the_log_scale_is_reproduced_where_the_raw_t_interval_was_not():
+    claim = CLAIMS_BY_ID["nope_breaks_past_L"]
+    effects = (1.35, 3.69, 1.53, 1.75)  # the regime study's seeds, nats
+    verdict_found, across = judge(claim, effects)
+    logs = np.log(effects)
+    low, high = np.exp(scipy_stats.t.interval(0.90, 3, loc=logs.mean(), scale=scipy_stats.sem(logs)))
+    assert verdict_found == "reproduced" and (across.low, across.high) == pytest.approx((low, high))
+    assert across.estimate == pytest.approx(np.exp(logs.mean()))  # the geometric mean
+    assert judge(claim, (1.35, -0.2, 1.53, 1.75))[0] == "inconclusive"  # a seed <= 0 cannot reproduce it
+    assert math.isnan(judge(claim, (1.35, -0.2, 1.53, 1.75))[1].low)
+
+
+def passkey_run(inside: float, seed: int) -> EvaluationResult:
+    """An evaluation whose 100 prompts at L - 6 tokens (6-token answers, inside L) are right a share ``inside``."""
+    right = int(round(100 * inside))
+    samples = [[L - 6, 0.0, str(10000 + i), i < right] for i in range(100)]
+    return EvaluationResult.from_dict({"corpora": ["kjv"], "train_len": L, "passkey": {
+        "samples": samples, "key_tokens": [6] * 100, "by_length": {str(L - 6): inside}}})
+
+
+def test_a_seed_that_did_not_learn_retrieval_leaves_only_the_claims_that_presuppose_it():
+    accuracy = {1: 1.0, 2: 0.18, 3: 0.97, 4: 0.0}
+    runs = hurt_runs((0.10, 0.12, 0.09, 0.11), seeds=(1, 2, 3, 4))
+    runs["nope"] = {s: dataclasses.replace(r, passkey=passkey_run(accuracy[s], s).passkey) for s, r in runs["nope"].items()}
+    assert retrieval_by_seed(runs) == pytest.approx(accuracy)
+    kept = evaluate_claim(HURTS, runs, RESAMPLES)  # presupposes nothing: every seed
+    assert kept.seeds == (1, 2, 3, 4) and kept.excluded == ()
+    retrieval = dataclasses.replace(HURTS, presupposes_retrieval=True)
+    left = evaluate_claim(retrieval, runs, RESAMPLES)
+    assert left.seeds == (1, 3) and left.excluded == ((2, 0.18), (4, 0.0))
+    assert "left out, NoPE did not learn retrieval: seed 2 0.18, seed 4 0.00" in claims_table([left])
+    assert retrieval_line(retrieval_by_seed(runs)).startswith("**Retrieval learned in 2 of 4 seeds**")
+
+
+def test_a_report_lists_the_rules_changed_on_or_after_its_run():
+    old, new = RuleChange("2026-11-20", "old reason"), RuleChange("2026-11-26", "new reason")
+    claims = [dataclasses.replace(HURTS, changes=(old, new)), dataclasses.replace(HURTS, id="other", changes=(new,))]
+    section = changed_rules_section(claims, ["2026-11-26"])
+    assert section.splitlines()[2:] == [f"* 2026-11-26: new reason ({HURTS.id}, other)"]
+    assert changed_rules_section(claims, ["2026-11-27"]) == ""
+    assert "2026-11-20: old reason" in changed_rules_section(claims, [])  # date unknown: every change
+    inflection_rule = CLAIMS_BY_ID["inflections_coincide"].changes[0]
+    assert inflection_rule.date == "2026-11-26" and "794a560" in inflection_rule.reason

@@ -272,7 +272,7 @@ def test_a_cell_holding_a_pipe_renders_in_its_own_column_of_the_html_report(tmp_
     parser = _Cells()
     parser.feed(page)
     (rows,) = parser.tables
-    assert len(rows) == 3 and set(rows) == {8}, rows  # header + 2 rows, each with the header's 8 cells
+    assert len(rows) == 3 and set(rows) == {10}, rows  # header + 2 rows, each with the header's 10 cells
     assert "<td>|effect| &lt;= 0.0953 nats</td>" in page
 
 

@@ -16,6 +16,7 @@ from nope_lightning.analysis.stats import (
     Interval,
     blocks,
     bootstrap,
+    monotone_verdict,
     per_seed_bootstrap,
     prediction_interval,
     spearman,
@@ -165,3 +166,62 @@ def test_an_interval_widens_to_its_estimate_only_when_it_misses_it():
 def test_wilson_contains_its_proportion_at_zero_and_one(trials):
     for successes in (0, trials):
         assert wilson(successes, trials).covers_estimate
+
+
+RANK = {"not reproduced": 0, "inconclusive": 1, "reproduced": 2}
+
+
+def t_test_verdict(values: np.ndarray, margin: float) -> str:
+    """The plain one-sided 95 % t test against ``margin`` (above), by scipy: the reference the hull extends."""
+    low, high = scipy_stats.t.interval(0.90, len(values) - 1, loc=values.mean(), scale=scipy_stats.sem(values))
+    return "reproduced" if low > margin else "not reproduced" if high <= margin else "inconclusive"
+
+
+def test_a_seed_moved_further_onto_the_claims_side_never_weakens_the_verdict():
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        n, side = int(rng.integers(2, 9)), ("above", "below", "within")[trial % 3]
+        values = rng.normal(rng.normal(0, 1), rng.uniform(0.05, 2.0), n)
+        margin = abs(rng.normal(0, 1)) + 0.05 if side == "within" else rng.normal(0, 1)
+        before = RANK[monotone_verdict(values, margin, side)]
+        k, moved = int(rng.integers(n)), values.copy()
+        if side == "within":
+            moved[k] *= rng.uniform(0, 1)  # toward 0
+        else:
+            moved[k] += (1 if side == "above" else -1) * rng.exponential(rng.choice([0.1, 1.0, 10.0]))
+        assert RANK[monotone_verdict(moved, margin, side)] >= before, (side, values, margin, k, moved)
+
+
+def test_the_monotone_verdict_contains_the_t_test_and_fixes_its_strongest_seed_problem():
+    strong = np.array([1.35, 8.0, 1.53, 1.75])
+    assert t_test_verdict(strong, 0.405) == "inconclusive"  # the t test alone: widened by the strongest seed
+    assert t_test_verdict(np.array([1.35, 1.75, 1.53, 1.75]), 0.405) == "reproduced"
+    assert monotone_verdict(strong, 0.405, "above") == "reproduced"
+    rng = np.random.default_rng(1)
+    for _ in range(200):  # wherever the t test decides, the hull agrees
+        values, margin = rng.normal(0.3, rng.uniform(0.05, 1), int(rng.integers(3, 9))), rng.normal(0, 0.5)
+        if (plain := t_test_verdict(values, margin)) != "inconclusive":
+            assert monotone_verdict(values, margin, "above") == plain
+    # mirrored: "below" is "above" on the negated effects
+    assert monotone_verdict(-strong, -0.405, "below") == "reproduced"
+
+
+def test_tost_on_synthetic_inputs():
+    # equivalent: the 90 % interval (mean -+ t(0.95, 4) s / sqrt 5) lies inside +-0.5
+    tight = np.array([0.05, -0.1, 0.0, 0.1, -0.05])
+    low, high = scipy_stats.t.interval(0.90, 4, loc=tight.mean(), scale=scipy_stats.sem(tight))
+    assert -0.5 < low and high < 0.5 and monotone_verdict(tight, 0.5, "within") == "reproduced"
+    # not equivalent: the whole interval lies past the margin
+    assert monotone_verdict(np.array([0.9, 1.0, 1.1, 0.95, 1.05]), 0.5, "within") == "not reproduced"
+    # too noisy: centred on 0 but the interval runs past both ends of the margin
+    noisy = np.array([1.2, -1.1, 0.9, -1.0, 0.0])
+    low, high = scipy_stats.t.interval(0.90, 4, loc=noisy.mean(), scale=scipy_stats.sem(noisy))
+    assert low < -0.5 and high > 0.5 and monotone_verdict(noisy, 0.5, "within") == "inconclusive"
+    # every seed inside the margin on one side of 0 is equivalence (each further out and equal would pass)
+    assert monotone_verdict(np.array([0.1, 0.45, 0.3]), 0.5, "within") == "reproduced"
+
+
+def test_with_n_seeds_all_on_the_claims_side_is_reproduced_the_price_of_monotonicity():
+    # no monotone rule with an unknown spread can do better than 2^-n under no effect: the hull reproduces these
+    assert monotone_verdict(np.array([0.01, 5.0, 0.02, 9.0]), 0.0, "above") == "reproduced"
+    assert monotone_verdict(np.array([-0.01, 5.0, 0.02, 9.0]), 0.0, "above") == "inconclusive"

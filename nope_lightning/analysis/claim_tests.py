@@ -19,6 +19,7 @@ from nope_lightning.analysis.inflection import inflection
 from nope_lightning.analysis.log_law import best_on_grid, bucket_best, log_slope_batch, position_buckets_past
 from nope_lightning.analysis.paper import INFLECTION_ENTROPY, INFLECTION_LOGPPL, Claim
 from nope_lightning.analysis.stats import blocks, spearman
+from nope_lightning.eval.entropy import CONVERGED_TAIL
 from nope_lightning.eval.summary import block_size
 from nope_lightning.results.evaluation import EvaluationResult
 from nope_lightning.results.headscale import HeadScaleResult
@@ -34,12 +35,14 @@ Statistic = Callable[[np.ndarray], np.ndarray]
 class Evidence:
     """What a test needs: one ``(units, k)`` table per seed (rows resampled together) and the statistic of one
     seed's column sums ``(R, 1, k) -> (R,)``, the same for every seed or one per seed (built from that seed's own
-    data: its own search grid); or, for a test without resampling units, the per-seed ``values`` themselves."""
+    data: its own search grid); or, for a test without resampling units, the per-seed ``values`` themselves.
+    ``aside``: per seed, the effect as the paper measured it where the test reads a sounder view (Fig 5)."""
 
     seeds: tuple[int | None, ...]
     tables: tuple[np.ndarray, ...] = ()
     statistic: Statistic | tuple[Statistic, ...] | None = None
     values: tuple[float, ...] = ()
+    aside: tuple[float, ...] = ()
 
 
 class NotMeasured(Exception):
@@ -332,18 +335,41 @@ def head_rank(table: np.ndarray, entropy: np.ndarray) -> float:
     return float(np.nanmean(rho)) if np.isfinite(rho).any() else float("nan")
 
 
+def untuned_head_entropy(result: EvaluationResult, target_len: int) -> np.ndarray:
+    """(n_layer, n_head) attention entropy (nats) of an untuned model over positions ``[T - T/CONVERGED_TAIL, T)``
+    of ``T = target_len``, the positions HeadScale's converged entropy averages (``eval.entropy``), from its
+    evaluation's per-head entropy buckets (causal attention: a position's entropy does not depend on the window
+    continuing past it). ``NotMeasured`` when the buckets do not tile those positions."""
+    entropy = result.entropy
+    if entropy is None:
+        raise NotMeasured(f"no per-head attention entropy in setting {result.setting!r}: not measured in this "
+                          f"bundle")
+    start, edges = target_len - max(1, target_len // CONVERGED_TAIL), entropy.edges
+    inside = [i for i, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True)) if start <= a and b <= target_len]
+    if not inside or edges[inside[0]] != start or edges[inside[-1] + 1] != target_len:
+        raise NotMeasured(f"the untuned model's per-head entropy buckets do not tile positions [{start}, "
+                          f"{target_len}): not measured in this bundle")
+    widths = np.diff(np.asarray(edges, dtype=np.float64))[inside]
+    return np.asarray(entropy.per_head, dtype=np.float64)[..., inside] @ widths / widths.sum()
+
+
 def _head_entropy_rank(claim: Claim, runs: Runs) -> Evidence:
-    """Per seed, ``head_rank`` of the HeadScale run's own table and converged entropies (Fig 5)."""
+    """Per seed, ``head_rank`` of the HeadScale run's table (first method) against the untuned model's entropy
+    per head at the tuning length (the second method's evaluation: ``untuned_head_entropy``); ``aside``: against
+    the tuned model's converged entropy, as the paper's Fig 5 plots it (a larger lambda lowers a head's entropy by
+    construction, so that view cannot tell cause from effect)."""
     seeds = common_seeds(runs, claim.methods)
-    values = []
+    values, aside = [], []
     for seed in seeds:
-        tuned = run_result(runs, claim.methods[0], seed)
+        tuned, untuned = (run_result(runs, m, seed) for m in claim.methods)
         if not isinstance(tuned, HeadScaleResult) or tuned.converged_entropy is None:
             raise NotMeasured(f"{claim.methods[0]!r} has no HeadScale table with converged entropies")
-        if np.shape(tuned.table) != np.shape(tuned.converged_entropy.per_head):
+        before = untuned_head_entropy(untuned, tuned.target_len)
+        if np.shape(tuned.table) != np.shape(tuned.converged_entropy.per_head) or np.shape(tuned.table) != before.shape:
             raise NotMeasured(f"{claim.methods[0]!r}: its table and its entropies have different shapes")
-        values.append(head_rank(tuned.table, tuned.converged_entropy.per_head))
-    return Evidence(seeds, values=tuple(values))
+        values.append(head_rank(tuned.table, before))
+        aside.append(head_rank(tuned.table, tuned.converged_entropy.per_head))
+    return Evidence(seeds, values=tuple(values), aside=tuple(aside))
 
 
 TESTS: dict[str, Callable[[Claim, Runs], Evidence]] = {

@@ -10,6 +10,7 @@ import shutil
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,11 @@ class StoreSource:
     def pipelines(self) -> list[tuple[str, str]]:
         return [(tracking.client(self.store).get_run(self.run).info.run_name, self.run)]
 
+    def dates(self) -> dict[str, str]:
+        """The pipeline run's start day (ISO, UTC)."""
+        start = tracking.client(self.store).get_run(self.run).info.start_time
+        return {self.run: datetime.fromtimestamp(start / 1000, UTC).date().isoformat()}
+
     def configs(self) -> list[Path | None]:
         """The experiment file the pipeline run logged (``config.yaml``), None when it logged none."""
         names = {a.path for a in tracking.client(self.store).list_artifacts(self.run)}
@@ -108,6 +114,9 @@ class BundleSource:
 
     def pipelines(self) -> list[tuple[str, str]]:
         return list(self.bundle.pipelines)
+
+    def dates(self) -> dict[str, str]:
+        return dict(self.bundle.dates)
 
     def configs(self) -> list[Path | None]:
         return list(self.bundle.configs)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+from scipy import optimize
 from scipy import stats as scipy_stats
 
 from nope_lightning.config.core import MIN_RESAMPLES
@@ -218,3 +219,101 @@ def spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     denominator = np.sqrt((rx * rx).sum(-1) * (ry * ry).sum(-1))
     with np.errstate(invalid="ignore", divide="ignore"):
         return (rx * ry).sum(-1) / denominator
+
+
+# --- verdicts that a stronger seed cannot weaken ---------------------------------------------------------------
+
+#: One-sided level of a directional claim's test; an equivalence claim's TOST runs two such tests, i.e. reads the
+#: two-sided 1 - 2 (1 - ONE_SIDED) = 90 % interval.
+ONE_SIDED = 0.95
+
+
+def student_factor(n: int, level: float = ONE_SIDED) -> float:
+    """``t(level, n - 1) / sqrt(n)``: a one-sided Student bound on the mean of ``n`` values is ``mean -+ factor * s``."""
+    return float(scipy_stats.t.ppf(level, n - 1) / math.sqrt(n))
+
+
+def _bound(w: np.ndarray, factor: float, sign: int) -> float:
+    """``mean(w) + sign * factor * s(w)`` (s: the sample standard deviation, ddof = 1)."""
+    return float(w.mean() + sign * factor * w.std(ddof=1))
+
+
+def path_minimum(lo: np.ndarray, hi: np.ndarray, objective: Callable[[np.ndarray], float]) -> float:
+    """The smallest ``objective(clip(v, lo, hi))`` over ``v``: the values ``w`` may each lie anywhere in
+    ``[lo_i, hi_i]`` (ends may be infinite; a range pinned at an infinite value is that value).
+
+    For the one-sided Student bounds ``mean -+ factor * s`` (and the larger of two of them, TOST's), the
+    objective is convex (or its negative concave) in ``w`` and depends on ``w_i`` only through ``w_i - mean``, so
+    at the optimum every value not at an end of its range shares one level ``v`` (the KKT conditions of the
+    box-constrained problem): the optimum lies on the path ``w = clip(v, lo, hi)``. That path is affine between
+    consecutive finite ends, where the objective is convex in ``v``: each piece is a bounded scalar minimisation,
+    exact to ``1e-10``. Beyond the outermost ends only the unbounded values move, with the bound monotone once
+    they dominate: a piece ten spans wide on each side holds the optimum."""
+    ends = np.unique(np.concatenate([lo[np.isfinite(lo)], hi[np.isfinite(hi)], [0.0]]))
+    reach = 10 * (ends[-1] - ends[0] + 1)
+    edges = np.concatenate([[ends[0] - reach], ends, [ends[-1] + reach]])
+
+    def along(v: float) -> float:
+        return objective(np.clip(v, lo, hi))
+
+    best = min(along(v) for v in edges)
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        found = optimize.minimize_scalar(along, bounds=(a, b), method="bounded", options={"xatol": 1e-10})
+        best = min(best, float(found.fun))
+    return best
+
+
+def extreme_bound(lo: np.ndarray, hi: np.ndarray, factor: float, sign: int, maximize: bool) -> float:
+    """The largest (``maximize``) or smallest one-sided Student bound ``mean + sign * factor * s`` of values ``w``
+    in the boxes ``[lo_i, hi_i]`` (``path_minimum``); a box pinned at -inf makes it -inf."""
+    lo, hi = np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+    if ((lo == hi) & np.isinf(lo)).any():
+        return float(lo[(lo == hi) & np.isinf(lo)].sum())
+    sense = -1.0 if maximize else 1.0
+    return sense * path_minimum(lo, hi, lambda w: sense * _bound(w, factor, sign))
+
+
+def monotone_verdict(values: Sequence[float], margin: float, side: str, level: float = ONE_SIDED) -> str:
+    """``reproduced`` / ``not reproduced`` / ``inconclusive`` for effects ``values`` (one per seed, >= 2, on the
+    scale the test reads) against ``margin`` on ``side`` (``above``, ``below``: one-sided Student tests at
+    ``level``; ``within``: TOST, |mean| <= margin by two one-sided tests at ``level``), such that moving any seed's
+    effect further onto the claim's side (up for ``above``, down for ``below``, toward 0 for ``within``) never
+    weakens the verdict.
+
+    The t test alone is not monotone: a seed far beyond the others widens the interval (seeds +1.35 / +3.69 /
+    +1.53 / +1.75 vs 0.405 fail its one-sided bound; +1.35 / +1.75 / +1.53 / +1.75 pass). This is the smallest
+    monotone rule containing it (its monotone hull): *reproduced* when some set of effects, each no further on
+    the claim's side than ours, passes the t test; *not reproduced* when some set, each no less far on it,
+    fails it the other way (the interval wholly on the other side). Choice and cost: no monotone rule with an
+    unknown spread can hold a one-sided level below ``2 ** -n`` (any rule that never penalises a stronger seed and
+    reproduces some effects all on the claim's side reproduces every such set once the spread is large), so
+    with 4 seeds "every seed on the claim's side" is itself *reproduced*, a 1/16 = 6.25 % chance under no
+    effect; with 8 seeds 1/256. ``NaN`` values give *inconclusive*.
+    """
+    z = np.asarray(values, dtype=np.float64)
+    if z.size < 2:
+        raise ValueError("a verdict about seeds needs at least two seeds")
+    if np.isnan(z).any():
+        return "inconclusive"
+    factor, infinite = student_factor(z.size, level), np.full_like(z, np.inf)
+    if side == "below":
+        return monotone_verdict(-z, -margin, "above", level)
+    if side == "above":
+        clears = extreme_bound(-infinite, z, factor, -1, maximize=True) > margin
+        excludes = extreme_bound(z, infinite, factor, +1, maximize=False) <= margin
+    elif side == "within":
+        away = (np.where(z < 0, -np.inf, z), np.where(z > 0, np.inf, z))   # further from 0: less favourable
+        away = (np.where(z == 0, -np.inf, away[0]), np.where(z == 0, np.inf, away[1]))
+        toward = (np.minimum(z, 0), np.maximum(z, 0))                      # nearer 0: more favourable
+        clears = _tost_passes(*away, factor, margin)
+        excludes = (extreme_bound(*toward, factor, -1, maximize=True) > margin
+                    or extreme_bound(*toward, factor, +1, maximize=False) < -margin)
+    else:
+        raise ValueError(f"unknown side {side!r}: use above, below or within")
+    return "reproduced" if clears else "not reproduced" if excludes else "inconclusive"
+
+
+def _tost_passes(lo: np.ndarray, hi: np.ndarray, factor: float, margin: float) -> bool:
+    """Whether some ``w`` in the boxes ``[lo, hi]`` has both one-sided bounds inside ``[-margin, margin]``: the
+    smallest ``max(upper - margin, -margin - lower)`` (convex: ``path_minimum``) is <= 0."""
+    return path_minimum(lo, hi, lambda w: max(_bound(w, factor, +1) - margin, -margin - _bound(w, factor, -1))) <= 0

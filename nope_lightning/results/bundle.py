@@ -9,7 +9,8 @@ apart are reported together from what is committed, and the report can be regene
 
 Layout (``VERSION`` 1)::
 
-    index.json                  pipelines, configs, results (file, run name, tags), pretrains, files
+    index.json                  pipelines, configs, results (file, run name, tags), pretrains, files, and
+                                ``dates`` (pipeline run id -> the day it ran, ISO, UTC; absent in older bundles)
     pipeline-<run id>.yaml      each pipeline run's experiment file, as it logged it
     <stage>/<method>-s<seed>[-<point>].json.gz
     files/<name>                figures and notes copied from runs (``<method>-<name>`` in the report)
@@ -62,13 +63,15 @@ class Recipe:
 @dataclass
 class Bundle:
     """What a report read. ``pipelines``: ``(name, run id)`` of every pipeline run behind it; ``configs``: the
-    experiment file each logged (``None`` where it logged none), in the same order."""
+    experiment file each logged (``None`` where it logged none), in the same order; ``dates``: pipeline run id ->
+    the day it ran (ISO, UTC), where known (a report lists the claim rules changed after it)."""
 
     pipelines: list[tuple[str, str]]
     configs: list[Path | None]
     results: list[Placed] = field(default_factory=list)
     pretrains: list[Recipe] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+    dates: dict[str, str] = field(default_factory=dict)
 
     def write(self, folder: str | Path) -> Path:
         """Write the bundle into ``folder`` (emptied first: a bundle is exactly one report's results). What it
@@ -95,7 +98,7 @@ class Bundle:
             (folder / "files" / name).write_bytes(data)
         index = {"version": VERSION, "pipelines": [list(p) for p in self.pipelines], "configs": [c and c[0] for c in configs],
                  "results": entries, "pretrains": [{"name": r.name, "params": r.params} for r in self.pretrains],
-                 "files": [name for name, _ in files]}
+                 "files": [name for name, _ in files], **({"dates": self.dates} if self.dates else {})}
         (folder / INDEX).write_text(json.dumps(index, indent=1) + "\n")
         return folder
 
@@ -117,7 +120,7 @@ class Bundle:
             return cls(pipelines=[(name, run) for name, run in index["pipelines"]],
                        configs=[None if c is None else folder / c for c in index["configs"]], results=results,
                        pretrains=[Recipe(r["name"], dict(r["params"])) for r in index["pretrains"]],
-                       files=[folder / "files" / name for name in index["files"]])
+                       files=[folder / "files" / name for name in index["files"]], dates=dict(index.get("dates", {})))
         except (KeyError, TypeError, OSError, EOFError, json.JSONDecodeError, gzip.BadGzipFile) as error:
             raise ValueError(f"{folder}: damaged results bundle ({type(error).__name__}: {error}); restore it "
                              f"from git (git checkout -- {folder}) or rerun the report that wrote it") from error

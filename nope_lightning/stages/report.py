@@ -45,7 +45,8 @@ from nope_lightning.results.evaluation import Curve, EvaluationResult
 def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int,
                    methods: tables.Methods) -> tuple[list[str], dict[str, Any]]:
     """The tables and figures of one matrix point."""
-    sections = [report_sections.claims_table(outcomes) if outcomes else "",
+    sections = [report_sections.retrieval_line(claims.retrieval_by_seed(evals)) if outcomes else "",
+                report_sections.claims_table(outcomes) if outcomes else "",
                 tables.ppl_tables(evals, methods.paper_rows("table2")) if evals else "", tables.bucket_table(evals),
                 tables.ablation_table(evals, outcomes, methods.paper_rows("table4")), tables.passkey_table(evals),
                 tables.key_nll_table(evals), tables.longctx_table(evals),
@@ -70,6 +71,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     out = Path(cfg.out_dir or f"mlruns/reports/{cfg.run}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     sources = report_sources.open_sources(cfg)
+    dates = {run: day for source in sources for run, day in source.dates().items()}
     configs = [path for source in sources for path in source.configs()]  # downloaded once, read twice
     claim_ids, axes, resamples, matrix_keys, methods = report_sources.pipeline_settings(cfg, configs)
     found = report_sources.gather(sources, out, matrix_keys)
@@ -97,6 +99,9 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
                                                     *attention_claims.evaluate_attention_claims(grid_list)]),
                      attention_claims.attention_table(grid_list), synthetic_claims.exact_match_table(cells, resamples)]
         figures.update(synthetic_figures.study_figures(grid_list))
+    if claim_ids and not axes:
+        sections.insert(0, report_sections.changed_rules_section([CLAIMS_BY_ID[c] for c in claim_ids],
+                                                                 list(dates.values())))
     sections.append(report_sections.recipe_section(found.recipes))
     for name, fig in figures.items():
         if fig is not None:
@@ -110,7 +115,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
             + "\n\n## Plots\n\n" + "\n".join(f"![{p}]({p})" for p in pngs) + "\n")
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(markdown.html_page(text, out, f"Report: {pipelines[0][0]}"))
-    Bundle(pipelines, configs, found.placed, found.recipes, found.files).write(out / "results")
+    Bundle(pipelines, configs, found.placed, found.recipes, found.files, dates).write(out / "results")
     if cfg.run:  # into the pipeline's own run (no run of its own): a rerun overwrites the same artifacts and metrics
         tracking.log_artifacts(cfg.tracking, cfg.run, out, "report")
         logged = tracking.client(cfg.tracking).get_run(cfg.run).data.metrics
