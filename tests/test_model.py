@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from nope_lightning.config import (
     AttentionTemperature,
@@ -15,8 +17,10 @@ from nope_lightning.config import (
     RopeScalingConfig,
     load_config,
 )
+from nope_lightning.config.core import POS_ENCODINGS
 from nope_lightning.model import GPT, count_parameters, set_temperatures, temperatures
 from nope_lightning.model.attention import alibi_slopes, t5_buckets
+from nope_lightning.model.gpt import APE_TOKEN_STD, sinusoidal_table
 from nope_lightning.model.probes import attention_probs
 from nope_lightning.model.rope_scaling import base_inv_freq, scaled_inv_freq
 from nope_lightning.model.temperature import load_table, save_table
@@ -177,3 +181,55 @@ def test_tinyllama_config_has_1_1b_parameters_on_meta_device():
         model = GPT(cfg.model, cfg.data.vocab_size, cfg.train_len)
     n = count_parameters(model) - cfg.model.n_layer * cfg.model.n_head  # minus the 704 temperatures
     assert n == pytest.approx(1_100_048_384, rel=1e-3)  # TinyLlama-1.1B's published count
+
+
+# --- APE at the reference's scale ---------------------------------------------------------------------
+
+
+def reference_sinusoid(positions: int, dim: int) -> np.ndarray:
+    """The reference's ``FixedAbsolutePositionalEmbedding`` table (McGill-NLP/length-generalization): sin of every
+    frequency, then cos of every frequency, in float32 (ours interleaves them; the RMS is the same)."""
+    inv_freq = 1.0 / 10000 ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+    angles = np.arange(positions, dtype=np.float32)[:, None] * inv_freq
+    return np.concatenate([np.sin(angles), np.cos(angles)], axis=-1)
+
+
+def test_ape_token_to_position_rms_ratio_is_the_references():
+    # The reference adds that table to T5 token embeddings drawn N(0, 1.0 * initializer_factor = 1).
+    positions, dim = 512, 64
+    table = reference_sinusoid(positions, dim)
+    reference_ratio = 1.0 / float(np.sqrt((table**2).mean()))
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=2, n_head=4, n_embd=dim, intermediate_size=128, pos_encoding="sinusoidal",
+                            max_positions=positions), 500, train_len=16)
+    ours = sinusoidal_table(torch.arange(positions), dim)
+    ratio = float(model.transformer.wte.weight.pow(2).mean().sqrt() / ours.pow(2).mean().sqrt())
+    assert reference_ratio == pytest.approx(math.sqrt(2), rel=0.01)
+    assert ratio == pytest.approx(reference_ratio, rel=0.03)
+
+
+def gpt2_init(model: GPT) -> None:
+    """The GPT-2 init written out here: N(0, init_std), residual output projections / sqrt(2 n_layer)."""
+    std, layers = model.cfg.init_std, model.cfg.n_layer
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear | nn.Embedding):
+            scaled = name.endswith(("attn.proj", "mlp.proj"))
+            nn.init.normal_(module.weight, 0.0, std / math.sqrt(2 * layers) if scaled else std)
+
+
+@pytest.mark.parametrize("pe", POS_ENCODINGS)
+def test_only_ape_leaves_the_gpt2_init_and_only_in_its_token_embeddings(pe):
+    model, reference = tiny(pe, n_layer=2), tiny(pe, n_layer=2)
+    torch.manual_seed(1)
+    model.reset_parameters()
+    torch.manual_seed(1)
+    gpt2_init(reference)
+    idx = torch.randint(0, VOCAB, (2, 20))
+    with torch.no_grad():
+        same_logits = torch.equal(model(idx), reference(idx))
+    differing = [k for k, v in model.state_dict().items() if not torch.equal(v, reference.state_dict()[k])]
+    assert same_logits is (pe != "sinusoidal")
+    assert differing == ([] if pe != "sinusoidal" else ["transformer.wte.weight"])
+    if pe == "sinusoidal":  # the same draw at another scale
+        ratio = APE_TOKEN_STD / model.cfg.init_std
+        assert torch.allclose(model.transformer.wte.weight, reference.transformer.wte.weight * ratio, rtol=1e-5)

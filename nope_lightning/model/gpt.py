@@ -7,7 +7,8 @@ Position encodings (``ModelConfig.pos_encoding``), each touching the smallest pi
 * ``alibi`` — additive bias ``-m_h * (i - j)`` with the standard geometric slopes.
 * ``t5`` — learned relative bias per head over 32 log-buckets (max distance 128), shared by all layers
   as in T5.
-* ``learned`` / ``sinusoidal`` — absolute position embeddings added to the token embeddings.
+* ``learned`` / ``sinusoidal`` — absolute position embeddings added to the token embeddings. ``sinusoidal`` (the
+  APE of Kazemnejad et al. 2023) starts its token embeddings at the reference's scale, ``APE_TOKEN_STD``.
 
 Hybrids (``ModelConfig.layer_encodings``): some layers of a RoPE model skip the rotation (iRoPE's one NoPE layer
 in four); any layer may attend within a sliding window (``ModelConfig.windows``; RNoPE-SWA windows the RoPE
@@ -66,6 +67,16 @@ def litgpt_config(cfg: ModelConfig, vocab_size: int) -> Config:
     )
 
 
+#: Initial std of the token embeddings of a ``sinusoidal`` (APE) model. The reference code of Kazemnejad et al.
+#: (McGill-NLP/length-generalization, a T5 decoder) adds the sinusoidal table (RMS 1/sqrt(2) per channel) to T5's
+#: token embeddings, initialised N(0, 1.0 * initializer_factor): token identity has sqrt(2) times the RMS of
+#: position. Under the GPT-2 init (``init_std`` 0.02) position would outweigh identity about 35 times, and APE
+#: failed to learn reverse even at length 1. So an APE model draws its token embeddings N(0, 1) as the reference
+#: does (the same draw, scaled: every other tensor, and every other PE, is initialised as before, bit for bit).
+#: Scaling the table down instead would leave a fixed signal that the trained embeddings soon swamp.
+APE_TOKEN_STD = 1.0
+
+
 def sinusoidal_table(positions: torch.Tensor, n_embd: int) -> torch.Tensor:
     """Vaswani et al.'s fixed encoding of ``positions`` (...,) -> (..., n_embd): sin on even, cos on odd
     channels, computed in float64, returned as float32 on the positions' device."""
@@ -105,12 +116,15 @@ class GPT(nn.Module):
         return [block.attn for block in self.transformer.h]
 
     def reset_parameters(self) -> None:
-        """GPT-2 init: N(0, init_std), residual output projections scaled by 1/sqrt(2 n_layer)."""
+        """GPT-2 init: N(0, init_std), residual output projections scaled by 1/sqrt(2 n_layer); an APE model's
+        token embeddings N(0, ``APE_TOKEN_STD``)."""
         std = self.cfg.init_std
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear | nn.Embedding):
                 scaled = name.endswith(("attn.proj", "mlp.proj"))
-                nn.init.normal_(module.weight, 0.0, std / math.sqrt(2 * self.cfg.n_layer) if scaled else std)
+                ape_tokens = name == "transformer.wte" and self.cfg.pos_encoding == "sinusoidal"
+                nn.init.normal_(module.weight, 0.0, APE_TOKEN_STD if ape_tokens
+                                else std / math.sqrt(2 * self.cfg.n_layer) if scaled else std)
             elif isinstance(module, RMSNorm | Temperature):
                 module.reset_parameters()
 
