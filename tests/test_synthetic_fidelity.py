@@ -95,7 +95,7 @@ def one_thread():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_ape_learns_reverse_in_distribution(seed, one_thread):
-    # Measured: 1.00 for every seed; with the GPT-2 token scale (0.02) 0.17 / 0.21 / 0.34.
+    # Measured: 1.00 for every seed; with the GPT-2 token scale (0.02) 0.05 / 0.30 / 0.49.
     assert reverse_id_accuracy(seed) >= 0.95
 
 
