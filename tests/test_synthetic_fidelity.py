@@ -6,6 +6,7 @@ The train/valid split against the reference's random split, computed here by sim
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections import Counter
@@ -15,10 +16,12 @@ import torch
 
 from nope_lightning.config import ModelConfig
 from nope_lightning.config.parts import OptimConfig
+from nope_lightning.config.synthetic import SyntheticConfig
 from nope_lightning.eval.generate import greedy_decode
 from nope_lightning.model import gpt
 from nope_lightning.stages.synthetic import pad_batch, score
 from nope_lightning.synthetic import TASKS, Vocabulary, get_task, make_split
+from nope_lightning.synthetic.core import SYMBOLS
 from nope_lightning.training.module import CausalLM, lm_loss
 
 N_TRAIN, N_VALID, SIMULATED_VALID = 4000, 2000, 1000
@@ -103,3 +106,95 @@ def test_ape_at_the_gpt2_token_scale_does_not(one_thread, monkeypatch):
     # The defect the reference's scale removes: position outweighs the tokens about 35 times.
     monkeypatch.setattr(gpt, "APE_TOKEN_STD", 0.02)
     assert reverse_id_accuracy(0) < 0.5
+
+
+# --- the nine tasks the studies had not run, against the reference's generators ----------------------------------
+# Each reference generator (scripts/dataset_builders/make_{copy,reverse,sort,poly}_dataset.py) is restated here from
+# its source sequence: the target it writes, in our tokens ("[NEXT]" is our "|", "Copy:" our "copy :").
+
+REFERENCE_TARGETS = {
+    "copy": lambda s: s,  # copy_multi_char
+    "copy_2x": lambda s: [*s, "|", *s],  # copy_multi_char_2x: tgt " [NEXT] " tgt
+    "copy_repeat_2x": lambda s: s * 2,  # repeat_single_2x_char: the symbol 2L times, no separator
+    "reverse_2x": lambda s: [*s[::-1], "|", *s[::-1]],  # multi_char_2x
+    "reverse_copy": lambda s: [*s[::-1], "|", *s],  # multi_char_rev_cop
+}
+NINE = (*REFERENCE_TARGETS, "copy_repeat_change", "polynomial", "sort", "sort_symbols")
+
+
+def per_length(task: str, seed: int = 0, n: int = 4) -> list:
+    """``n`` examples at every default train and test length of ``task``."""
+    spec, rng = get_task(task), random.Random(seed)
+    return [spec.generate(rng, length) for length in spec.split_lengths("train") + spec.split_lengths("test")
+            for _ in range(n)]
+
+
+def split_on(tokens: list[str], separator: str) -> list[list[str]]:
+    """The runs of ``tokens`` between ``separator`` tokens."""
+    return [list(run) for is_separator, run in itertools.groupby(tokens, lambda t: t == separator) if not is_separator]
+
+
+@pytest.mark.parametrize("task", sorted(REFERENCE_TARGETS))
+def test_copy_and_reverse_variants_follow_the_reference(task):
+    verb, drawn = "reverse" if task.startswith("reverse") else "copy", set()
+    for example in per_length(task, n=20):
+        assert example.prompt[:2] == [verb, ":"]
+        source = example.prompt[2:]
+        assert len(source) == example.length and set(source) <= set(SYMBOLS)  # length: symbols in the input
+        assert example.answer == example.target == REFERENCE_TARGETS[task](source)
+        if task == "copy_repeat_2x":
+            assert len(set(source)) == 1
+        drawn.update(source)
+    assert drawn == set(SYMBOLS)  # every one of the 100 symbols is drawn
+
+
+def test_copy_repeat_change_follows_the_reference():
+    # repeat_double_char: "Replace s with t in s s s" -> "t t t" for an ordered pair of distinct symbols.
+    for example in per_length("copy_repeat_change"):
+        replace, source, with_, target, colon, *sequence = example.prompt
+        assert (replace, with_, colon) == ("replace", "with", ":") and source != target
+        assert sequence == [source] * example.length and example.answer == [target] * example.length
+
+
+def test_polynomial_follows_the_reference():
+    # make_poly_dataset: c in [-3, 3], d in [0, 3], x in [-2, 2], length = terms; answer sum % 10 (modulo_factor 10).
+    xs, coefficients, degrees = set(), set(), set()
+    for example in per_length("polynomial"):
+        x = int("".join(example.prompt[3:example.prompt.index(":")]))
+        terms = split_on(example.prompt[example.prompt.index(":") + 1:], "+")  # a coefficient never has a "+"
+        assert all(term[-4:-1] == ["*", "x", "**"] for term in terms)
+        values = [(int("".join(term[:-4])), int(term[-1])) for term in terms]
+        assert example.prompt[:3] == ["evaluate", "x", "="] and -2 <= x <= 2 and len(values) == example.length
+        assert all(-3 <= c <= 3 and 0 <= d <= 3 for c, d in values)
+        assert example.answer == list(str(sum(c * x**d for c, d in values) % 10))
+        xs.add(x)
+        coefficients.update(c for c, _ in values)
+        degrees.update(d for _, d in values)
+    assert (xs, coefficients, degrees) == (set(range(-2, 3)), set(range(-3, 4)), set(range(4)))  # whole ranges drawn
+
+
+@pytest.mark.parametrize("task", ["sort", "sort_symbols"])
+def test_sorting_follows_the_reference(task):
+    # make_sort_dataset: multi-digit numbers uniform in [10, 10000), digits as tokens; single-token symbols from the
+    # first 50 of the symbol list, ordered by their place in it. Length = list length; answer the sorted list.
+    for example in per_length(task):
+        assert example.prompt[:2] == ["sort", ":"]
+        listed = split_on(example.prompt[2:], ",")
+        assert len(listed) == example.length
+        if task == "sort":
+            numbers = [int("".join(item)) for item in listed]
+            assert all(10 <= v <= 9999 for v in numbers)
+            assert [int("".join(item)) for item in split_on(example.answer, ",")] == sorted(numbers)
+        else:
+            assert all(len(item) == 1 and item[0] in SYMBOLS[:50] for item in listed)
+            assert split_on(example.answer, ",") == sorted(listed, key=lambda item: SYMBOLS.index(item[0]))
+
+
+@pytest.mark.parametrize("task", NINE)
+def test_the_nine_tasks_are_deterministic_registered_and_run_as_configs(task):
+    spec = get_task(task)
+    assert make_split(task, "test", 40, seed=3) == make_split(task, "test", 40, seed=3)
+    assert make_split(task, "train", 40, seed=3) != make_split(task, "train", 40, seed=4)
+    assert {e.length for e in make_split(task, "test", 40, seed=3)} == set(spec.split_lengths("test"))
+    cfg = SyntheticConfig(task=task, pos_encoding="sinusoidal")  # the small recipe fits the longest test sequence
+    assert cfg.test_positions[1] == spec.test_lengths[-1] and cfg.test_positions[0] <= cfg.model.max_positions
