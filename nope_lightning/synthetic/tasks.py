@@ -31,14 +31,14 @@ Choices where the paper leaves room:
 Validation examples come from the training lengths. ``make_split`` splits train and valid without
 coordinating the two calls: a stable hash of the prompt reserves one problem in ``HOLDOUT_MODULUS``
 for validation, and training never draws a reserved problem. Where a length's problem space is large
-(``is_large``), validation draws only reserved problems, so it measures problems training never saw
-(the reference's random split does the same there: a fresh draw is almost never in its training
-set). Where it is small (summation with 1 summand has 9 problems, copy_repeat 100 per length), a
-validation bucket of reserved problems alone would be made of problems training can never see,
-whereas the reference's random split (McGill-NLP/length-generalization, ``random.shuffle`` of one
-pool) puts nearly all of them in training too; there validation draws from training's problems,
-so that at most the share of its problems the reference's split leaves unseen is unseen here.
-Training is the same in both cases, so this choice changes no training data.
+(``is_large``), validation draws only reserved problems, problems training never saw; the reference's
+random split (McGill-NLP/length-generalization: ``random.shuffle`` of one pool) leaves nearly all of
+its validation problems out of training there too. Where the space is small (summation with 1
+summand has 9 problems, copy_repeat 100 per length), reserved problems alone would make a validation
+bucket of problems training can never see, whereas the reference's split puts most of them in
+training; there validation draws from training's problems, so that no more of them are unseen than
+under the reference's split. Training stays as it was (it still skips reserved problems, e.g. 2 of
+summation's 9 at length 1), so committed training data are unchanged.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ HOLDOUT_MODULUS = 10
 MAX_DRAWS = 400  # draws to find a problem on the right side of the train/valid hash split
 PROBE_DRAWS = 2048
 """Draws of ``is_large``'s probe. A space of K equally likely problems gives m draws without a repeat with
-probability about exp(-m^2 / 2K): never (< e^-40) for K <= 5e4, where a random split of 2,500 training examples
-at that length would leave more than 5% of validation unseen, and mostly for K >= 1e7."""
+probability about exp(-m^2 / 2K): never (< e^-40) for K <= 5e4, where a random split with 2,500 training examples
+at that length puts more than 5% of validation problems in training too, and mostly (> 0.65) for K >= 1e7."""
 
 
 def _any_length(length: int) -> bool:
