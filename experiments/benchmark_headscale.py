@@ -13,7 +13,7 @@ so drifting machine load affects all alike; the medians over ``--steps`` steps a
 process's CPU time. With one thread, CPU time is what a shared machine cannot inflate by preempting us (it
 still pays for cache contention), so the ratios are printed from both; the load average is printed too.
 
-``--compile`` adds ``torch.compile``d HeadScale and fine-tuning steps (the model wrapped as ``CausalLM``'s
+``--compile`` adds ``torch.compile``d HeadScale and fine-tuning steps (the blocks compiled as ``CausalLM``'s
 ``trainer.compile=true`` does), interleaved with the eager ones, and prints compiled/eager speed-ups and the
 compile time: the first step's wall time minus a steady step's. Inductor compiles in this process
 (``compile_threads=1``), so its CPU time counts the whole compile.
@@ -38,7 +38,7 @@ from nope_lightning.config import FinetuneConfig, HeadScaleConfig, OptimConfig, 
 from nope_lightning.model import GPT, count_parameters
 from nope_lightning.model.temperature import set_log_slopes
 from nope_lightning.stages.headscale import CONSTRAINED_FLOOR, LAMBDA, LOG, HeadScaleLM
-from nope_lightning.training.module import CausalLM, lm_loss
+from nope_lightning.training.module import CausalLM, compile_blocks, lm_loss
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,8 +50,10 @@ def stage_optim(stage_config: type) -> OptimConfig:
 
 def step_function(module: CausalLM, compiled: bool = False):
     """One training step of ``module`` exactly as the Trainer runs it, as a function of a (B, T+1) batch;
-    ``compiled``: through ``torch.compile(module.model)``, as ``CausalLM.configure_model`` compiles it."""
-    forward = torch.compile(module.model) if compiled else module.model
+    ``compiled``: with compiled blocks, as ``CausalLM.configure_model`` compiles them (``compile_blocks``)."""
+    if compiled:
+        compile_blocks(module.model)
+    forward = module.model
     config = module.configure_optimizers()
     optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
     params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -37,7 +37,7 @@ from nope_lightning.config import PretrainConfig, load_config
 from nope_lightning.data import PackedDataModule, prepare
 from nope_lightning.data.datamodule import sample_batch
 from nope_lightning.model import GPT
-from nope_lightning.training.module import CausalLM, lm_loss, warmup_cosine
+from nope_lightning.training.module import CausalLM, compile_blocks, lm_loss, warmup_cosine
 from nope_lightning.training.trainer import build_trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,11 +82,13 @@ def matmul_peak(threads: int, size: int = 1024, repeats: int = 20) -> float:
 def bare_loop(cfg: PretrainConfig, vocab: int, tokens, steps: int, warmup: int, threads: int,
               compiled: bool = False) -> tuple[float, float, float]:
     """A plain PyTorch training loop (same init, optimizer groups, schedule, clipping, data), through
-    ``torch.compile`` when ``compiled``: (tokens/s wall, tokens/s process CPU time, warm-up wall seconds)."""
+    compiled blocks when ``compiled`` (``compile_blocks``, what ``trainer.compile=true`` does): (tokens/s wall, tokens/s process CPU time, warm-up wall seconds)."""
     torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
     model = GPT(cfg.model, vocab, cfg.train_len)
-    forward = torch.compile(model) if compiled else model
+    if compiled:
+        compile_blocks(model)
+    forward = model
     module = CausalLM(model, cfg.optim, steps)  # only to reuse the exact optimizer parameter groups
     o = cfg.optim
     optimizer = torch.optim.AdamW([g for g in module.param_groups() if g["params"]], lr=o.lr,

@@ -39,9 +39,13 @@ def test_tiny_cpu_run_prints_every_field(tmp_path):
     assert (result["n_layer"], result["n_embd"], result["seq_len"], result["timed_steps"]) == (2, 64, 64, 4)
     assert result["tokens_per_s"] > 0 and torch.isfinite(torch.tensor(result["final_loss"]))
     assert result["mfu"] == pytest.approx(result["tokens_per_s"] * result["flops_per_token"] / 1e12)
-    lam = result["attention_lambda"]
-    assert lam["plain_ms"] > 0 and lam["lambda_ms"] > 0 and lam["goal"] == 0.95
-    assert lam["throughput_ratio"] == pytest.approx(lam["plain_ms"] / lam["lambda_ms"])
+    assert result["activation_checkpointing"] == {"setting": "auto", "on": False}  # a tiny model fits
+    # The recipe's settings, on the CPU: compiled blocks, fused AdamW; the attention timed both ways
+    assert result["accumulate"] == 1 and result["compile"] is True and result["fused_adamw"] is True
+    assert set(result["attention_lambda"]) == {"eager", "compiled"}
+    for lam in result["attention_lambda"].values():
+        assert lam["plain_ms"] > 0 and lam["lambda_ms"] > 0 and lam["goal"] == 0.97
+        assert lam["throughput_ratio"] == pytest.approx(lam["plain_ms"] / lam["lambda_ms"])
 
 
 @pytest.mark.parametrize("size", ["tiny", "120m"])
@@ -83,3 +87,13 @@ def test_help_documents_the_options(smoke, capsys):
         assert option in text
     for field in ("tokens_per_s", "mfu", "flops_per_token", "throughput_ratio"):  # what it prints
         assert field in text
+
+
+def test_bad_input_is_one_line_before_any_compute(smoke, monkeypatch):
+    with pytest.raises(SystemExit, match="gpu_smoke: no bf16 peak known for 'cpu': pass --peak-tflops"):
+        smoke.main(["--device", "cpu", "--size", "tiny"])
+    monkeypatch.setattr("nope_lightning.training.trainer.shutil.which", lambda name: None)
+    with pytest.raises(SystemExit, match=r"gpu_smoke: trainer.compile=true, but no C\+\+ compiler"):
+        smoke.main(["--device", "cpu", "--size", "tiny", "--peak-tflops", "1"])
+    with pytest.raises(SystemExit):  # argparse's own line: invalid choice
+        smoke.parse_args(["--size", "7b"])

@@ -27,6 +27,7 @@ ATTENTION_BACKENDS = ("sdpa", "flash")
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "fsdp", "fsdp2")
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "64-true")
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps")
+CHECKPOINTING = ("auto", "true", "false")
 #: The fewest bootstrap resamples a config may ask for: below ~100 the 2.5 % / 97.5 % percentiles rest on a
 #: handful of resamples and move from run to run.
 MIN_RESAMPLES = 100

@@ -10,6 +10,7 @@ from pathlib import Path
 from nope_lightning.config.core import (
     ACCELERATORS,
     ATTENTION_BACKENDS,
+    CHECKPOINTING,
     PASSKEY_PROMPTS,
     POS_ENCODINGS,
     PRECISIONS,
@@ -256,7 +257,9 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    """AdamW with linear warm-up then cosine decay to ``min_lr_ratio * lr``."""
+    """AdamW with linear warm-up then cosine decay to ``min_lr_ratio * lr``. ``fused``: torch's fused AdamW kernel
+    (one kernel for every parameter's update; CPU and CUDA), else its default multi-tensor (foreach) one: the
+    same update up to float rounding."""
 
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
@@ -266,6 +269,7 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0
+    fused: bool = False
 
     def __post_init__(self) -> None:
         check_range("optim.lr", self.lr, 0.0, low_open=True)
@@ -287,7 +291,10 @@ class TrainerConfig:
     ``strategy``: ``fsdp`` is Lightning's FSDP1 (CUDA only); ``fsdp2`` is ``torch.distributed.fsdp.fully_shard``
     (``training.module.FSDP2Strategy``: CUDA or CPU/gloo, frozen weights get no gradient, ``32-true`` or ``bf16-mixed``).
     ``activation_checkpointing`` recomputes each transformer block's activations in the backward pass under
-    both FSDP strategies (memory for compute; the other strategies ignore it).
+    both FSDP strategies (memory for compute; the other strategies ignore it): ``auto`` turns it on only when
+    the run would not fit the device without it (``training.memory``: the model, batch and world size against the
+    device's memory), ``true``/``false`` force it. ``compile`` compiles each transformer block
+    (``training.module.compile_blocks``).
     """
 
     max_steps: int = 700
@@ -304,9 +311,11 @@ class TrainerConfig:
     accumulate_grad_batches: int = 1
     compile: bool = False
     progress_bar: bool = True
-    activation_checkpointing: bool = True
+    activation_checkpointing: str = "auto"
 
     def __post_init__(self) -> None:
+        self.activation_checkpointing = str(self.activation_checkpointing).lower()  # YAML's true -> "True"
+        check_choice("trainer.activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
         check_choice("trainer.accelerator", self.accelerator, ACCELERATORS)
         check_choice("trainer.strategy", self.strategy, STRATEGIES)
         check_choice("trainer.precision", self.precision, PRECISIONS)

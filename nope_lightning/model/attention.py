@@ -1,10 +1,11 @@
 """Causal self-attention with attention temperatures, additive position biases and two backends.
 
 The attention logits of head h in layer l for the query at position i are
-``lambda[l, h] tau_h(i) q_i.k_j / sqrt(d) + bias(i, j)``. Every temperature kind lives in ``temperature.py``;
-attention only hands its layer's ``Temperature`` the queries and their absolute positions (0..T-1 in a full
-forward, the cache's ``input_pos`` when decoding) and gets them back scaled, so the kernel keeps its scalar
-1/sqrt(d) (SDPA/flash fast paths).
+``lambda[l, h] tau_h(i) q_i.k_j / sqrt(d) + bias(i, j)``. Every temperature kind lives in ``temperature.py``.
+A position-free one (lambda alone) is folded into the query rows of the qkv weight (``Attention.project``); a
+position-dependent one gets the queries and their absolute positions (0..T-1 in a full forward, the cache's
+``input_pos`` when decoding) and hands them back scaled. Either way the kernel keeps its scalar 1/sqrt(d)
+(SDPA/flash fast paths).
 
 Position biases (ALiBi, T5) arrive as an additive float mask of shape (1, H, T, T) that already holds the
 causal -inf; ``mask=None`` means plain causal attention. A bias is added after the temperature: the
@@ -94,6 +95,32 @@ def sliding_window(mask: torch.Tensor | None, positions: torch.Tensor | None, n_
     return torch.where(distance >= window, -math.inf, mask)  # broadcasts the mask's rows and heads
 
 
+class _LambdaGradient(torch.autograd.Function):
+    """The identity on the folded projection's output y (..., (n_head + 2 G) d), whose backward also gives each
+    head's lambda its gradient, computed from y itself: the query rows of head h are ``y = lambda_h z`` with z the
+    unscaled projection, so ``dL/dlambda_h = sum g z = sum g y / lambda_h`` over the tokens and head h's d rows.
+
+    Autograd through the weight product would get the same number from the weight gradient ``g^T x``, one more
+    matmul the size of the projection's forward even when the weights are frozen (HeadScale); this is one
+    elementwise product over q in the backward only. Needs lambda != 0, which every setting keeps (a uniform
+    lambda > 0, tables > 0, HeadScale's floors)."""
+
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, per_head: torch.Tensor, head_size: int) -> torch.Tensor:
+        ctx.save_for_backward(y, per_head)
+        ctx.head_size = head_size
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        y, per_head = ctx.saved_tensors
+        n_head, d = per_head.numel(), ctx.head_size
+        # One product in the activations' dtype, summed in float32: no float32 copies of q-sized tensors.
+        gz = (grad[..., : n_head * d] * y[..., : n_head * d]).unflatten(-1, (n_head, d))
+        gz = gz.sum(dim=(*range(gz.dim() - 2), gz.dim() - 1), dtype=torch.float32)
+        return grad, (gz / per_head.float()).to(per_head.dtype), None
+
+
 class Attention(LitAttention):
     """litgpt's ``CausalSelfAttention`` with the layer's ``temperature`` (``Temperature``: per-head lambda,
     log-length slopes, SSMax, iRoPE's; ``train_len`` is their L, ``ssmax`` adds SSMax) and a backend switch.
@@ -128,7 +155,7 @@ class Attention(LitAttention):
         B, T, _ = x.shape
         cfg = self.config
         kv_size = cfg.n_query_groups * cfg.head_size
-        q, k, v = self.qkv(x).split((cfg.n_head * cfg.head_size, kv_size, kv_size), dim=-1)
+        q, k, v = self.project(x).split((cfg.n_head * cfg.head_size, kv_size, kv_size), dim=-1)
         q = q.view(B, T, cfg.n_head, cfg.head_size).transpose(1, 2)
         k = k.view(B, T, cfg.n_query_groups, cfg.head_size).transpose(1, 2)
         v = v.view(B, T, cfg.n_query_groups, cfg.head_size).transpose(1, 2)
@@ -145,16 +172,34 @@ class Attention(LitAttention):
         y = self.scaled_dot_product_attention(q, k, v, mask, input_pos)
         return self.proj(y.reshape(B, T, cfg.n_head * cfg.head_size))
 
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, C) -> the concatenated q, k, v projections (B, T, (n_head + 2 n_query_groups) head_size). A
+        temperature that ``folds`` multiplies the query rows of the weight (and bias) by each head's lambda
+        (``Temperature.query_rows``): one elementwise pass over the (out, C) weight instead of one over q's
+        B x T x C, and attention then runs the plain kernel. At lambda = 1 the product is exact (x1.0), so a
+        model that never set a temperature computes what ``self.qkv(x)`` does, bit for bit. A trainable lambda
+        (HeadScale) gets its gradient from ``_LambdaGradient``, not through the weight product."""
+        if not self.temperature.folds:
+            return self.qkv(x)
+        head_size, per_head = self.config.head_size, self.temperature.per_head
+        rows = self.temperature.query_rows(head_size).detach()
+        rows = torch.cat((rows, rows.new_ones(2 * self.config.n_query_groups * head_size))).to(self.qkv.weight.dtype)
+        bias = None if self.qkv.bias is None else self.qkv.bias * rows
+        y = F.linear(x, self.qkv.weight * rows[:, None], bias)
+        return _LambdaGradient.apply(y, per_head, head_size) if per_head.requires_grad else y
+
     def scaled_dot_product_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                      mask: torch.Tensor | None = None,
                                      positions: torch.Tensor | None = None) -> torch.Tensor:
-        """q (B, H, T, d), k, v (B, H, S, d) with k/v already repeated for GQA; returns (B, T, H, d).
+        """q (B, H, T, d), k, v (B, H, S, d) with k/v already repeated for GQA; returns (B, T, H, d). q comes from
+        ``project``: it already carries a temperature that ``folds``; any other is applied here.
 
         ``mask=None`` needs S == T (square causal attention). ``positions`` (B, T): the queries' absolute
         positions (KV-cached decoding); None means 0..T-1 (a full forward, litgpt's call). A windowed layer
         adds its window to ``mask`` here (``sliding_window``)."""
         scale = 1.0 / math.sqrt(self.config.head_size)
-        q = self.temperature(q, positions)
+        if not self.temperature.folds:
+            q = self.temperature(q, positions)
         shared = mask
         if self.window is not None:
             mask = sliding_window(mask, positions, k.size(2), self.window, q)

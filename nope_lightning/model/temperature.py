@@ -24,9 +24,12 @@ in layer l, for a model trained at L tokens:
   plain attributes, never in an export. The per-head lambda and the log-length slopes act on every layer,
   as on a model without a layer pattern (HeadScale's choice, ``stages/headscale.py``).
 
-Fast kernels take one scalar scale, so the multiplier is folded into q (``q * lambda_h tau_h(i)``) and the
-kernel keeps its scalar 1/sqrt(d): the result equals ``softmax(lambda_h tau_h(i) q_i.k_j / sqrt(d) + bias_ij)``
-and SDPA/flash still run. An additive position bias (ALiBi, T5) is not scaled: the temperature acts on content
+Fast kernels take one scalar scale, so the multiplier is folded into q and the kernel keeps its scalar 1/sqrt(d).
+A position-free multiplier (a uniform lambda, a HeadScale table) is folded into the query projection itself: the
+rows of W_q that belong to head h are multiplied by lambda_h (``Temperature.query_rows``), so attention costs what
+plain attention costs (no elementwise pass over q) and lambda still gets its gradient through the weight product.
+A position-dependent one (log-length, SSMax, iRoPE's) scales q after the projection (``q * lambda_h tau_h(i)``).
+Either way the result equals ``softmax(lambda_h tau_h(i) q_i.k_j / sqrt(d) + bias_ij)`` and SDPA/flash still run. An additive position bias (ALiBi, T5) is not scaled: the temperature acts on content
 similarity only. Per-head tables travel as ``.safetensors`` + a readable ``.json`` (``TableKind``).
 """
 
@@ -151,9 +154,22 @@ class Temperature(nn.Module):
             if self.ssmax is not None:
                 self.ssmax.fill_(ssmax_init(self.train_len))
 
+    @property
+    def folds(self) -> bool:
+        """Whether the multiplier is the per-head lambda alone (no position-dependent factor): then attention
+        folds it into the query projection (``query_rows``) and the kernel sees plain q; else ``forward`` scales q."""
+        return self.log_slope is None and self.ssmax is None and self.irope is None
+
+    def query_rows(self, head_size: int) -> torch.Tensor:
+        """(n_head * head_size,) each head's lambda repeated over its ``head_size`` rows of W_q (head-major, as
+        litgpt lays out the query rows): ``q_h = lambda_h (W_q x)_h = (lambda_h W_q,h) x``, and a per-head scalar
+        commutes with RoPE's rotation, so scaling the rows equals scaling q, and lambda keeps its gradient."""
+        return self.per_head.repeat_interleave(head_size)
+
     def forward(self, q: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """q (B, H, T, d) -> q times each head's and query's multiplier, in q's dtype. ``positions`` (B | 1, T)
-        int: the queries' absolute positions (KV-cached decoding); None means 0..T-1 (a full forward)."""
+        int: the queries' absolute positions (KV-cached decoding); None means 0..T-1 (a full forward).
+        Attention calls it only when the temperature does not ``fold``."""
         factor = self.per_head.view(1, -1, 1, 1)
         if self.log_slope is not None or self.ssmax is not None or self.irope is not None:
             if positions is None:

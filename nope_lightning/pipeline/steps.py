@@ -183,15 +183,22 @@ ADDED_FIELDS: dict[str, Any] = {
     "task_overrides": {},
     # the learned temperature table with some layers reset to 1 (HeadScale's retrieval probe)
     "reset_layers": [],
+    # torch's fused AdamW kernel
+    "fused": False,
 }
+
+#: Fields whose value never changes a step's result, hashed as the one value every step recorded before they
+#: became settings of several values: activation checkpointing recomputes the same activations (it was a bool,
+#: true by default; its "auto" default and false hash as that true did).
+EXECUTION_ONLY: dict[str, Any] = {"activation_checkpointing": True}
 
 
 def identity(cfg: Any, drop: tuple[str, ...] = ()) -> dict:
     """``to_dict(cfg)`` less the ``ADDED_FIELDS`` that hold their defaults and less every key in ``drop``, at
-    any depth."""
+    any depth, with every ``EXECUTION_ONLY`` field at its recorded value."""
     def strip(value: Any) -> Any:
         if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items()
+            return {k: EXECUTION_ONLY[k] if k in EXECUTION_ONLY else strip(v) for k, v in value.items()
                     if k not in drop and not (k in ADDED_FIELDS and v == ADDED_FIELDS[k])}
         return [strip(v) for v in value] if isinstance(value, list) else value
 

@@ -22,9 +22,10 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from nope_lightning.checkpoint import LoadedModel, legacy_renamed
-from nope_lightning.config.parts import OptimConfig
+from nope_lightning.config.parts import OptimConfig, TrainerConfig
 from nope_lightning.data.prepare import PreparedData
 from nope_lightning.model.gpt import GPT
+from nope_lightning.training.memory import footprint, needs_checkpointing
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -76,6 +77,18 @@ def trained_model(trainer, model: GPT) -> GPT | None:
     return plain
 
 
+def compile_blocks(model: GPT) -> None:
+    """``torch.compile`` each transformer block's ``forward`` in place (``trainer.compile``).
+
+    Only the forward is compiled, not the module's call: FSDP2's all-gather/reshard hooks and activation
+    checkpointing's hooks stay eager around it (no graph break at every hook), the parameter names (state dicts,
+    checkpoints, exports) stay the plain model's, and the blocks share one compiled graph (their code is the
+    same; dynamo treats the parameters as inputs). Inductor fuses what eager runs as separate kernels: the
+    norms, SwiGLU's gate, the residual adds and the temperature fold."""
+    for block in model.transformer.h:
+        block.forward = torch.compile(block.forward)
+
+
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy (nats) of logits (B, T, V) against targets (B, T), computed in float32."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction=reduction)
@@ -85,23 +98,23 @@ class CausalLM(LightningModule):
     """Next-token training of a ``GPT`` with AdamW and warm-up + cosine decay."""
 
     def __init__(self, model: GPT, optim: OptimConfig, max_steps: int, compile: bool = False) -> None:
+        """``compile``: compile each block (``compile_blocks``) once the model is sharded."""
         super().__init__()
         self.model, self.optim, self.max_steps = model, optim, max_steps
-        self.compile = compile
+        self.compile, self.compiled = compile, False
 
     def configure_model(self) -> None:
         """Shard the model under fsdp2 (once: Lightning calls this hook again for a ``validate`` after ``fit``),
-        then compile it when ``compile`` is on."""
+        then compile its blocks when ``compile`` is on (once too)."""
         if isinstance(self.trainer.strategy, FSDP2Strategy) and not isinstance(self.model, FSDPModule):
             self.trainer.strategy.shard(self.model)
-        if self.compile and "_compiled" not in self.__dict__:
-            # Kept outside the module tree: the compiled wrapper shares the weights, and the state-dict keys
-            # (checkpoints, exports) stay those of the plain model.
-            object.__setattr__(self, "_compiled", torch.compile(self.model))
+        if self.compile and not self.compiled:
+            compile_blocks(self.model)
+            self.compiled = True
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """idx (B, T) -> logits (B, T, V), through the compiled model when ``compile`` is on."""
-        return self.__dict__.get("_compiled", self.model)(idx)
+        """idx (B, T) -> logits (B, T, V)."""
+        return self.model(idx)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Norm clipping. Under FSDP1 the sharded module clips (Lightning refuses its generic path there); under
@@ -130,7 +143,7 @@ class CausalLM(LightningModule):
     def configure_optimizers(self):
         o = self.optim
         groups = [g for g in self.param_groups() if g["params"]]
-        optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps)
+        optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=o.fused or None)
         schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: warmup_cosine(step, o.warmup_steps, self.max_steps, o.min_lr_ratio))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
@@ -164,9 +177,11 @@ class FSDP2Strategy(ModelParallelStrategy):
     weights, gradients reduced in fp32 (FSDP2's ``MixedPrecisionPolicy``).
     """
 
-    def __init__(self, world_size: int, activation_checkpointing: bool, bf16: bool) -> None:
+    def __init__(self, trainer_cfg: TrainerConfig, bf16: bool, batch_tokens: int = 0) -> None:
+        world_size = trainer_cfg.devices * trainer_cfg.num_nodes
         super().__init__(data_parallel_size=world_size, tensor_parallel_size=1, save_distributed_checkpoint=False)
-        self.activation_checkpointing = activation_checkpointing
+        self.trainer_cfg, self.bf16, self.batch_tokens = trainer_cfg, bf16, batch_tokens
+        self.activation_checkpointing: bool | None = None  # decided in ``shard``, where the model is known
         self.policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
                        else MixedPrecisionPolicy())
 
@@ -177,8 +192,12 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().setup(trainer)
 
     def shard(self, model: GPT) -> None:
-        """Shard ``model`` in place over the data-parallel mesh."""
+        """Shard ``model`` in place over the data-parallel mesh, checkpointing each block's activations when
+        ``trainer.activation_checkpointing`` says so (``auto``: when the run would not fit without,
+        ``memory.needs_checkpointing`` on ``batch_tokens`` tokens per device)."""
         mesh = self.device_mesh["data_parallel"]
+        need = footprint(model, self.batch_tokens, self.world_size, self.bf16)
+        self.activation_checkpointing = needs_checkpointing(self.trainer_cfg, need, self.root_device)
         for block in model.transformer.h:
             if self.activation_checkpointing:
                 checkpoint_activations(block)  # hooks, not a wrapper module: parameter names stay the plain model's

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -57,8 +59,23 @@ def _uses_gpu(cfg: TrainerConfig) -> bool:
 FSDP2_PRECISIONS = ("32-true", "bf16-mixed")
 
 
+def compile_problem(cuda: bool) -> str:
+    """Why ``torch.compile`` cannot run here, or '' when it can: dynamo must support this Python, and inductor
+    needs Triton for CUDA code and a C++ compiler (``$CXX``, else g++) for CPU code."""
+    if not torch._dynamo.is_dynamo_supported():
+        return f"torch {torch.__version__} cannot compile under Python {sys.version.split()[0]}"
+    if cuda:
+        from torch.utils._triton import has_triton
+
+        return "" if has_triton() else "Triton is not installed (inductor's CUDA kernels need it)"
+    compiler = os.environ.get("CXX", "g++")
+    return "" if shutil.which(compiler) else f"no C++ compiler ({compiler}) for inductor's CPU code"
+
+
 def check_strategy(cfg: TrainerConfig) -> None:
-    """Fail before any compute on a strategy this machine cannot run."""
+    """Fail before any compute on a strategy (or a compile) this machine cannot run."""
+    if cfg.compile and (problem := compile_problem(_uses_gpu(cfg))):
+        raise ValueError(f"trainer.compile=true, but {problem}; set trainer.compile=false")
     if cfg.strategy == "fsdp" and not (_uses_gpu(cfg) and torch.cuda.is_available()):
         raise ValueError("trainer.strategy=fsdp needs CUDA GPUs (it is Lightning's FSDP1); on CPU use "
                          "trainer.strategy=fsdp2 (FSDP2 runs on gloo) or ddp, with trainer.devices=2")
@@ -69,15 +86,15 @@ def check_strategy(cfg: TrainerConfig) -> None:
         raise ValueError(f"trainer.accelerator={cfg.accelerator} but no CUDA GPU is visible; use accelerator=cpu")
 
 
-def _strategy(cfg: TrainerConfig):
+def _strategy(cfg: TrainerConfig, batch_tokens: int):
     if cfg.strategy == "fsdp2":
-        return FSDP2Strategy(cfg.devices * cfg.num_nodes, cfg.activation_checkpointing,
-                             bf16=cfg.precision == "bf16-mixed")
+        return FSDP2Strategy(cfg, bf16=cfg.precision == "bf16-mixed", batch_tokens=batch_tokens)
     if cfg.strategy != "fsdp":
         return cfg.strategy
-    # One FSDP unit per transformer block; orig params so frozen (HeadScale) and trainable tensors mix.
+    # One FSDP unit per transformer block; orig params so frozen (HeadScale) and trainable tensors mix. FSDP1
+    # takes its checkpointing policy before the model exists, so "auto" cannot be decided here: it checkpoints.
     return FSDPStrategy(auto_wrap_policy={Block},
-                        activation_checkpointing_policy={Block} if cfg.activation_checkpointing else None,
+                        activation_checkpointing_policy=None if cfg.activation_checkpointing == "false" else {Block},
                         state_dict_type="full", use_orig_params=True, sharding_strategy="FULL_SHARD")
 
 
@@ -89,8 +106,10 @@ def _precision(cfg: TrainerConfig) -> str:
 
 def build_trainer(cfg: TrainerConfig, *, logger: Any = None, callbacks: list | None = None,
                   default_root_dir: str | None = None, grad_clip: float = 0.0, max_steps: int | None = None,
-                  enable_checkpointing: bool = True) -> Trainer:
+                  enable_checkpointing: bool = True, batch_tokens: int = 0) -> Trainer:
     """A ``lightning.pytorch.Trainer`` from ``TrainerConfig``: step-based, no epochs, no sanity check.
+
+    ``batch_tokens``: tokens per device per micro-batch, what ``activation_checkpointing=auto`` weighs under fsdp2.
 
     Validation runs every ``val_every_n_steps`` optimizer steps (0: only at the end) on ``val_batches``.
     With ``progress_bar`` on, progress goes to stderr in optimizer steps (``progress.StepProgressBar``).
@@ -104,7 +123,7 @@ def build_trainer(cfg: TrainerConfig, *, logger: Any = None, callbacks: list | N
         accelerator=cfg.accelerator,
         devices=cfg.devices,
         num_nodes=cfg.num_nodes,
-        strategy=_strategy(cfg),
+        strategy=_strategy(cfg, batch_tokens),
         precision=_precision(cfg),
         max_steps=steps,
         max_epochs=-1,
@@ -155,7 +174,8 @@ class ResumableFit:
         logger = tracking.lightning_logger(cfg.tracking, stage, name, self.run_id)
         checkpoints = checkpoint_callback(self.out, cfg.trainer.checkpoint_every_n_steps, max_steps)
         trainer = build_trainer(cfg.trainer, logger=logger, callbacks=[*callbacks, checkpoints],
-                                default_root_dir=str(self.out), grad_clip=cfg.optim.grad_clip, max_steps=max_steps)
+                                default_root_dir=str(self.out), grad_clip=cfg.optim.grad_clip, max_steps=max_steps,
+                                batch_tokens=data.batch_size * data.seq_len)
         if rank_zero_only.rank == 0:
             record_run(self.out, cfg, logger.run_id)
             if self.run_id is None:
