@@ -3,7 +3,7 @@
     python experiments/regimes.py OUT_DIR LABEL=REPORT [LABEL=REPORT ...]
     python experiments/regimes.py experiments/results/regimes \\
         "gentle (small)=experiments/results/small/report.md" \\
-        "sharp (regime_study)=experiments/results/regime_study/report.md"
+        "sharp (regime_study)=experiments/regime_study/results/report.md"
 
 One row per report: NoPE's test PPL at L and its ratios PPL(2L) / PPL(L) and PPL(4L) / PPL(L) (ratios of the
 seed-mean PPLs in the report's perplexity table), NoPE's passkey accuracy at the report's shortest prompt, the

@@ -58,12 +58,12 @@ def test_required_fields_and_lists_are_checked():
 
 
 def shipped_yaml() -> list[Path]:
-    return sorted([*REPO.glob("conf/*/*.yaml"), *REPO.glob("experiments/*.yaml")])
+    return sorted([*REPO.glob("conf/*/*.yaml"), *REPO.glob("experiments/*.yaml"), *REPO.glob("experiments/*/*.yaml")])
 
 
 @pytest.mark.parametrize("path", shipped_yaml(), ids=lambda p: str(p.relative_to(REPO)))
 def test_every_shipped_yaml_loads(path):
-    stage = "pipeline" if path.parent.name == "experiments" else path.parent.name
+    stage = "pipeline" if "experiments" in path.parts else path.parent.name
     if stage == "pipeline" and "steps" not in yaml.safe_load(path.read_text()):  # a grid file (its steps' config)
         stage = "synthetic-grid"
     assert stage in STAGES, f"{path}: no stage named {stage}"

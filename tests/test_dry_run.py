@@ -16,7 +16,7 @@ from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.pipeline.steps import expand
 from tests.conftest import REPO
 
-EXPERIMENTS = sorted((REPO / "experiments").glob("*.yaml"))
+EXPERIMENTS = sorted([*(REPO / "experiments").glob("*.yaml"), *(REPO / "experiments").glob("*/*.yaml")])
 #: The environment the paper and small_temperature files read their corpora and checkpoints from.
 ENVIRONMENT = {"CORPUS": "/data/slimpajama", "PG19": "/data/pg19", "PROOFPILE": "/data/proofpile",
                "NOPE_CHECKPOINT": "runs:/0123456789abcdef/model", "NOPE_SCALE_SEARCH": "0123456789abcdef"}

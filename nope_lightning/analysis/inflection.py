@@ -19,9 +19,10 @@ flat curve (RoPE-NTK) or a repair that holds to the end means.
 
 Attention entropy (``trend=True``) is measured against its in-distribution *trend*, not a level: a query at
 position i attends over i + 1 keys, so entropy grows with position even in a model that generalizes (diffuse
-attention over i keys has entropy ln i). Measured on the 12 x 64 NoPE models of ``experiments/regime_study.yaml``,
-it rises ~0.2 nats per 32-token bucket already inside [L/2, L), so against a level every entropy curve — NoPE,
-lambda 1.5, HeadScale alike — "inflected" at exactly L, and the Fig 1-2 claims compared nothing. The trend is the
+attention over i keys has entropy ln i). Measured on the 12 x 64 NoPE models of
+``experiments/regime_study/regime_study.yaml``, it rises ~0.2 nats per 32-token bucket already inside [L/2, L),
+so against a level every entropy curve — NoPE, lambda 1.5, HeadScale alike — "inflected" at exactly L, and the
+Fig 1-2 claims compared nothing. The trend is the
 least-squares line ``a + b ln(bucket centre)`` over the buckets inside [L/4, L) (three buckets of 32 at L = 128:
 enough for a slope; the first L/4 positions are the short-context start), extrapolated past L: what the model's
 entropy would do if it kept its in-distribution behaviour. The inflection is where the curve leaves that line for
