@@ -103,12 +103,15 @@ def fitted_slope(result: ScaleSearchResult, setting: str) -> float:
 
 def extension_label(ext: ExtensionConfig) -> str:
     """Short name of a setting for run names and tables, e.g. ``plain``, ``lam1.2``, ``table``, ``log0.3``,
-    ``logfit``, ``logtable``, ``irope0.1`` (``irope0.1f2`` at irope_floor 2), ``yarn4``."""
+    ``logfit``, ``logtable``, ``table-past`` (lambda past L only), ``irope0.1`` (``irope0.1f2`` at irope_floor 2),
+    ``yarn4``."""
     temperature, parts = ext.temperature, []
     if temperature.uniform != 1.0:
         parts.append(f"lam{temperature.uniform:g}")
     if temperature.table:
         parts.append("table")
+    if temperature.past_only:
+        parts.append("past")
     if temperature.log_slope:
         parts.append(f"log{temperature.log_slope:g}")
     if temperature.log_slope_fit:

@@ -69,6 +69,11 @@ class AttentionTemperature:
 
     ``reset_layers``: layers (0-based) whose row of ``table`` is set to 1 (those heads keep ``uniform``): the
     probe of which layer's learned temperatures cost the model a skill it had (retrieval inside L).
+
+    ``past_only``: the per-head lambda (``uniform`` x ``table``) acts only on queries at 0-based positions
+    i >= L and is exactly 1 inside the training length (HeadScale past L, ``headscale parameterization=
+    lambda_past``, tunes such a table); it needs a lambda to apply (``table`` or ``uniform`` != 1) and a model
+    with NoPE layers (``model/temperature.py``). The other temperatures are unchanged by it.
     """
 
     uniform: float = 1.0
@@ -79,6 +84,7 @@ class AttentionTemperature:
     irope_beta: float = 0.0
     irope_floor: float = 1.0
     reset_layers: list[int] = field(default_factory=list)
+    past_only: bool = False
 
     def check(self, prefix: str, resolved: bool) -> None:
         """Raise ``ValueError`` naming ``prefix.<key>`` for a bad value; ``resolved``: refuse references."""
@@ -90,6 +96,9 @@ class AttentionTemperature:
             raise ValueError(f"{prefix}.reset_layers resets rows of a per-head table: set {prefix}.table too")
         if any(layer < 0 for layer in self.reset_layers) or len(set(self.reset_layers)) < len(self.reset_layers):
             raise ValueError(f"{prefix}.reset_layers={self.reset_layers}: distinct 0-based layer indices")
+        if self.past_only and not self.table and self.uniform == 1.0:
+            raise ValueError(f"{prefix}.past_only=true applies lambda past L only, and there is none to apply: set "
+                             f"{prefix}.table (HeadScale past L's) or {prefix}.uniform")
         if (self.log_slope > 0) + bool(self.log_slope_table) + bool(self.log_slope_fit) > 1:
             raise ValueError(f"{prefix}.log_slope, log_slope_table and log_slope_fit all set the slopes a: give one")
         if not resolved:

@@ -301,7 +301,10 @@ class HeadScaleConfig:
     ``parameterization``: ``lambda`` (the paper's per-head temperature) or ``log`` (HeadScale-log: one slope a
     per head of the log-length temperature ``max(1, 1 + a ln((i+1)/train_len))``, a >= 0 by projection, the
     same optimizer and budget; ``init=search`` starts every head from the scale-search's fit a,
-    ``default`` from a = 0, a number from that a).
+    ``default`` from a = 0, a number from that a) or ``lambda_past`` (HeadScale past L: the per-head lambda
+    applied at query positions >= train_len only, exactly 1 inside, tuned exactly as ``lambda`` is: the same
+    init, constraint, floors and data; a model with NoPE layers only; evaluate it with
+    ``extension.temperature.past_only=true``).
     ``data_mix``: ``recipe`` (default) tunes on the model's own pre-training mix at ``target_len`` (its
     ``retrieval`` share of passkey sequences included), so a skill the recipe taught is not tuned away by a
     data shift; ``text`` tunes on corpus text only (the paper's recipe, whose models saw text only).
@@ -340,7 +343,7 @@ class HeadScaleConfig:
         if self.init == "search" and not self.scale_search:
             raise ValueError("init=search needs scale_search=<scale-search run id or scale_search.json>; "
                              "or use init=default / init=<lambda>")
-        check_choice("parameterization", self.parameterization, ("lambda", "log"))
+        check_choice("parameterization", self.parameterization, ("lambda", "log", "lambda_past"))
         check_choice("data_mix", self.data_mix, DATA_MIXES)
         if self.parameterization == "log" and not self.constraint:
             raise ValueError("parameterization=log has no constraint=false ablation: a >= 0 is part of the "

@@ -23,12 +23,21 @@ in layer l, for a model trained at L tokens:
   irope_floor x L tokens; ``AttentionTemperature``); exactly 1 for i + 1 < F. An evaluation-time setting:
   plain attributes, never in an export. The per-head lambda and the log-length slopes act on every layer,
   as on a model without a layer pattern (HeadScale's choice, ``stages/headscale.py``).
+* **lambda past L** (``temperature.past_only``; HeadScale past L trains it) — the per-head lambda above acts only
+  on queries at 0-based positions i >= L and is exactly 1 for every query inside the training length, so the
+  model equals the plain one bit for bit on every position < L (causal attention: those queries see keys < L
+  only), and no gradient reaches lambda from them. An evaluation-time setting (a plain attribute). A model needs
+  NoPE layers for it (``require_nope_layers``): a NoPE model, or a hybrid with at least one NoPE layer, where
+  lambda then acts on every layer past L, RoPE layers included, as HeadScale's table does; a model with no NoPE
+  layer (RoPE, ALiBi, T5, APE, a hybrid whose layers all rotate) is refused, since the method repairs NoPE's
+  failure past L, not a position encoding's unseen positions.
 
 Fast kernels take one scalar scale, so the multiplier is folded into q and the kernel keeps its scalar 1/sqrt(d).
 A position-free multiplier (a uniform lambda, a HeadScale table) is folded into the query projection itself: the
 rows of W_q that belong to head h are multiplied by lambda_h (``Temperature.query_rows``), so attention costs what
 plain attention costs (no elementwise pass over q) and lambda still gets its gradient through the weight product.
-A position-dependent one (log-length, SSMax, iRoPE's) scales q after the projection (``q * lambda_h tau_h(i)``).
+A position-dependent one (log-length, SSMax, iRoPE's, lambda past L) scales q after the projection
+(``q * lambda_h tau_h(i)``).
 Either way the result equals ``softmax(lambda_h tau_h(i) q_i.k_j / sqrt(d) + bias_ij)`` and SDPA/flash still run. An additive position bias (ALiBi, T5) is not scaled: the temperature acts on content
 similarity only. Per-head tables travel as ``.safetensors`` + a readable ``.json`` (``TableKind``).
 """
@@ -61,6 +70,10 @@ class TableKind:
 
 #: lambda tables (HeadScale's): > 0. The file keys predate the one name and stay, so old tables still load.
 PER_HEAD = TableKind("head_scale", "table", "1/sqrt(head_size)", False)
+#: lambda tables of HeadScale past L: lambda > 0 at query positions >= L, 1 inside (``past_only``); the same file
+#: keys as ``PER_HEAD``, so ``temperature.table`` names either.
+PER_HEAD_PAST = TableKind("head_scale", "table", "1/sqrt(head_size), at query positions i >= train_len only (1 inside)",
+                          False)
 #: slope tables a (HeadScale-log's): >= 0.
 LOG_SLOPE = TableKind("log_scale", "log_slope_table",
                       "a of lambda(i) = max(1, 1 + a ln((i+1)/L)), lambda in units of 1/sqrt(head_size)", True)
@@ -106,19 +119,24 @@ def save_table(path: str | Path, table: torch.Tensor, metadata: dict | None = No
     path.with_suffix(".json").write_text(json.dumps(doc, indent=1))
 
 
+def table_metadata(path: str) -> dict[str, str]:
+    """The metadata ``save_table`` wrote into a local table file (safetensors metadata, the JSON's
+    ``metadata``); {} for a file without any (a hand-made table)."""
+    if path.endswith(".safetensors"):
+        with safe_open(path, "pt") as f:
+            return f.metadata() or {}
+    return json.loads(Path(path).read_text()).get("metadata", {})
+
+
 def tuning_len(settings: AttentionTemperature) -> int | None:
     """The length (tokens) the per-head table of resolved ``settings`` (local files) was tuned at: HeadScale
-    writes its ``target_len`` into the table file's metadata (``save_table``: safetensors metadata, the JSON's
-    ``metadata``); the report's Table 4 analog reads PPL there, as the paper does. None without a table file or
-    for one that names no length (a hand-made table). The lambda table's, else the log-slope table's."""
+    writes its ``target_len`` into the table file's metadata (``table_metadata``); the report's Table 4 analog
+    reads PPL there, as the paper does. None without a table file or for one that names no length (a hand-made
+    table). The lambda table's, else the log-slope table's."""
     path = settings.table or settings.log_slope_table
     if not path:
         return None
-    if path.endswith(".safetensors"):
-        with safe_open(path, "pt") as f:
-            metadata = f.metadata() or {}
-    else:
-        metadata = json.loads(Path(path).read_text()).get("metadata", {})
+    metadata = table_metadata(path)
     return int(metadata["target_len"]) if "target_len" in metadata else None
 
 
@@ -134,7 +152,7 @@ class Temperature(nn.Module):
     trains it); ``log_slope`` (n_head,) slopes a or None, a non-persistent buffer (HeadScale-log makes it a
     parameter); ``ssmax`` (n_head,) SSMax's learned s or None, a parameter exported with the model;
     ``irope`` (beta, F in tokens) of iRoPE's temperature or None, set on NoPE layers only (``nope``: the layer
-    has no position encoding). ``train_len`` is L."""
+    has no position encoding); ``past_only``: lambda acts on queries at positions >= L only. ``train_len`` is L."""
 
     def __init__(self, n_head: int, train_len: int, ssmax: bool = False, nope: bool = False) -> None:
         super().__init__()
@@ -143,6 +161,7 @@ class Temperature(nn.Module):
         self.register_buffer("log_slope", None, persistent=False)
         self.ssmax = nn.Parameter(torch.full((n_head,), ssmax_init(train_len))) if ssmax else None
         self.irope: tuple[float, float] | None = None
+        self.past_only = False
 
     def reset_parameters(self) -> None:
         # Needed for meta-device (FSDP) init, where tensors are materialised only through this hook: lambda 1,
@@ -157,8 +176,9 @@ class Temperature(nn.Module):
     @property
     def folds(self) -> bool:
         """Whether the multiplier is the per-head lambda alone (no position-dependent factor): then attention
-        folds it into the query projection (``query_rows``) and the kernel sees plain q; else ``forward`` scales q."""
-        return self.log_slope is None and self.ssmax is None and self.irope is None
+        folds it into the query projection (``query_rows``) and the kernel sees plain q; else ``forward`` scales q.
+        Lambda past L depends on the position, so it never folds."""
+        return self.log_slope is None and self.ssmax is None and self.irope is None and not self.past_only
 
     def query_rows(self, head_size: int) -> torch.Tensor:
         """(n_head * head_size,) each head's lambda repeated over its ``head_size`` rows of W_q (head-major, as
@@ -170,10 +190,14 @@ class Temperature(nn.Module):
         """q (B, H, T, d) -> q times each head's and query's multiplier, in q's dtype. ``positions`` (B | 1, T)
         int: the queries' absolute positions (KV-cached decoding); None means 0..T-1 (a full forward).
         Attention calls it only when the temperature does not ``fold``."""
+        if positions is None and not self.folds:
+            positions = torch.arange(q.size(2), device=q.device)[None]
         factor = self.per_head.view(1, -1, 1, 1)
+        if self.past_only:
+            # The constant 1.0 inside L, not lambda / lambda: q * 1.0 is q bit for bit, and where() sends those
+            # queries' gradient to the constant, none of it to lambda.
+            factor = torch.where((positions >= self.train_len)[:, None, :, None], factor, 1.0)  # (1 | B, H, T, 1)
         if self.log_slope is not None or self.ssmax is not None or self.irope is not None:
-            if positions is None:
-                positions = torch.arange(q.size(2), device=q.device)[None]
             factor = factor * self.position_factor(positions)  # (1 | B, H, T, 1)
         return q * factor.to(q.dtype)
 
@@ -202,13 +226,21 @@ def layers(model: nn.Module) -> list[Temperature]:
 
 
 def apply_settings(model: nn.Module, settings: AttentionTemperature) -> None:
-    """Write the lambda table (less its ``reset_layers`` rows), the log-length slopes (files read here) and
-    iRoPE's temperature (NoPE layers only) that resolved ``settings`` ask for."""
+    """Write the lambda table (less its ``reset_layers`` rows), whether it acts past L only, the log-length slopes
+    (files read here) and iRoPE's temperature (NoPE layers only) that resolved ``settings`` ask for. A table that
+    HeadScale past L tuned (its metadata says ``past_only``) is refused without ``past_only``: applied at every
+    position it would be another method than the one tuned."""
     every = layers(model)
     n_layer, n_head = len(every), every[0].n_head
     table = torch.ones(n_layer, n_head)
     if settings.table:
         table = load_table(settings.table, n_layer, n_head)
+        if table_metadata(settings.table).get("past_only") == "true" and not settings.past_only:
+            raise ValueError(f"temperature.table={settings.table} was tuned past L only (HeadScale past L): "
+                             f"apply it with temperature.past_only=true")
+    if settings.past_only:
+        require_nope_layers(model, "temperature.past_only=true")
+    set_past_only(model, settings.past_only)
     if any(layer >= n_layer for layer in settings.reset_layers):
         raise ValueError(f"temperature.reset_layers={settings.reset_layers}: the model has layers 0-{n_layer - 1}")
     table[settings.reset_layers] = 1.0
@@ -222,6 +254,20 @@ def apply_settings(model: nn.Module, settings: AttentionTemperature) -> None:
     for layer in every:
         irope = settings.irope_beta > 0 and layer.nope
         layer.irope = (settings.irope_beta, settings.irope_floor * layer.train_len) if irope else None
+
+
+def require_nope_layers(model: nn.Module, setting: str) -> None:
+    """Refuse, in one line naming ``setting``, a model none of whose layers is NoPE (see the module docstring for
+    why lambda past L needs one, and what a hybrid's are)."""
+    if not any(layer.nope for layer in layers(model)):
+        raise ValueError(f"{setting}: lambda past L repairs NoPE past its training length and this model has no "
+                         f"NoPE layer (a RoPE/ALiBi/T5/APE model, or a hybrid whose layers all rotate)")
+
+
+def set_past_only(model: nn.Module, past_only: bool) -> None:
+    """Make every attention layer's lambda act on queries at positions >= L only (True) or everywhere."""
+    for layer in layers(model):
+        layer.past_only = past_only
 
 
 def set_temperatures(model: nn.Module, table: torch.Tensor) -> None:

@@ -185,6 +185,8 @@ ADDED_FIELDS: dict[str, Any] = {
     "reset_layers": [],
     # torch's fused AdamW kernel
     "fused": False,
+    # a per-head lambda applied past the training length only (HeadScale past L)
+    "past_only": False,
 }
 
 #: Fields whose value never changes a step's result, hashed as the one value every step recorded before they

@@ -2,7 +2,11 @@
 (paper 001 §3.2, App. A), in one of two parameterizations (``parameterization=``, ``Parameterization``):
 ``lambda`` (HeadScale, the paper's) trains the per-head temperatures lambda^(h) (units of 1/sqrt(d));
 ``log`` (HeadScale-log) trains the slopes a_h of the per-query temperature ``max(1, 1 + a_h ln((i+1)/L))``
-(``model/temperature.py``), which leaves every query inside L untouched.
+(``model/temperature.py``), which leaves every query inside L untouched; ``lambda_past`` (HeadScale past L)
+trains the per-head lambda of the queries at positions >= L only (``temperature.past_only``: exactly 1 inside
+L, so the tuned model is the untuned one bit for bit on every position < L and only the queries past L give
+lambda a gradient), from the same init, under the same constraint and floors, on the same data as ``lambda``;
+it needs a model with NoPE layers (``temperature.require_nope_layers``).
 
 Hybrids (``model.layer_pattern`` / ``nope_every``): HeadScale trains every layer's scalars, RoPE layers'
 included. A head that needs no rescaling learns to keep lambda near its start, so restricting HeadScale to
@@ -31,7 +35,9 @@ Logged (MLflow run tagged ``stage=headscale``, nested under ``tracking.parent_ru
 ``train/loss``, ``train/lr``, ``headscale/lambda_{mean,min,max}`` (``headscale/a_…`` for log) per step,
 ``val/len{T}/loss`` and ``…/ppl`` (every ``trainer.val_every_n_steps``; 0: at the end); artifacts
 ``headscale/lambda.safetensors`` + ``.json`` (``evaluate extension.temperature.table=runs:/<id>/headscale/
-lambda.safetensors``) or ``headscale/log_scale.*`` (``extension.temperature.log_slope_table=…``),
+lambda.safetensors``), ``headscale/log_scale.*`` (``extension.temperature.log_slope_table=…``) or
+``headscale/lambda_past.*`` (``extension.temperature.table=… extension.temperature.past_only=true``; its
+metadata says ``past_only``, and evaluate refuses it without),
 ``headscale.json`` (table, init, constraint, final val loss, entropies) and ``plots/entropy_vs_lambda.png``
 (Fig 5).
 
@@ -73,9 +79,12 @@ from nope_lightning.model.gpt import GPT, count_parameters
 from nope_lightning.model.temperature import (
     LOG_SLOPE,
     PER_HEAD,
+    PER_HEAD_PAST,
     TableKind,
+    require_nope_layers,
     save_table,
     set_log_slopes,
+    set_past_only,
     set_temperatures,
     train_only,
 )
@@ -103,7 +112,9 @@ class Parameterization:
     ``write(model, (n_layer, n_head) table)``, named ``symbol`` in metrics and ``headscale.json``, saved as
     a ``table`` file at ``table_file``; ``init=default`` is ``default_init``, ``init=search`` reads
     ``from_search(scale-search result, target_len, setting)``; the projection's bound is ``floors[0]``
-    (``floors[1]`` with ``constraint=false``); ``axis``: Fig 5's y label; ``suffix`` ends default run names."""
+    (``floors[1]`` with ``constraint=false``); ``axis``: Fig 5's y label; ``suffix`` ends default run names;
+    ``past_only``: the scalars act on queries at positions >= L only (``Temperature.past_only``), in training, in
+    the entropies of Fig 5 and in the table file's metadata."""
 
     attribute: str
     write: Callable[[torch.nn.Module, torch.Tensor], None]
@@ -115,6 +126,7 @@ class Parameterization:
     floors: tuple[float, float]
     axis: str
     suffix: str
+    past_only: bool = False
 
     def floor(self, constraint: bool) -> float:
         return self.floors[0] if constraint else self.floors[1]
@@ -128,7 +140,9 @@ LOG = Parameterization(attribute="log_slope", write=set_log_slopes, symbol="a", 
                        table_file="headscale/log_scale.safetensors", default_init=0.0,
                        from_search=lambda result, target_len, setting: fitted_slope(result, setting),
                        floors=(0.0, 0.0), axis="slope a", suffix="-log")
-PARAMETERIZATIONS = {"lambda": LAMBDA, "log": LOG}
+LAMBDA_PAST = dataclasses.replace(LAMBDA, table=PER_HEAD_PAST, table_file="headscale/lambda_past.safetensors",
+                                  axis="lambda past L (x 1/sqrt(d))", suffix="-past", past_only=True)
+PARAMETERIZATIONS = {"lambda": LAMBDA, "log": LOG, "lambda_past": LAMBDA_PAST}
 
 
 def freeze_for_headscale(model: GPT, param: Parameterization) -> None:
@@ -205,10 +219,12 @@ def default_name(cfg: HeadScaleConfig, loaded: LoadedModel) -> str:
 def checked_inputs(cfg: HeadScaleConfig) -> tuple[LoadedModel, PreparedData, float]:
     """The model, its prepared data and the initial value, after every check that needs no compute."""
     loaded = load_model(cfg.checkpoint, cfg.tracking)
+    param = PARAMETERIZATIONS[cfg.parameterization]
+    if param.past_only:
+        require_nope_layers(loaded.model, f"parameterization={cfg.parameterization}")
     check_target_len(loaded.config, cfg.target_len)
     prepared = prepare(loaded.config.data)
     check_tokenizer(prepared, loaded)
-    param = PARAMETERIZATIONS[cfg.parameterization]
     init, floor = initial_value(cfg, loaded), param.floor(cfg.constraint)
     if init < floor:
         raise ValueError(f"the initial {param.symbol} {init:g} is below the focus constraint {param.symbol} >= "
@@ -236,6 +252,7 @@ def train(cfg: HeadScaleConfig, resumable: ResumableFit, callbacks: Sequence, lo
     model, param = loaded.model, PARAMETERIZATIONS[cfg.parameterization]
     seed_everything(cfg.seed, workers=True, verbose=False)
     param.write(model, torch.full((model.cfg.n_layer, model.cfg.n_head), init))
+    set_past_only(model, param.past_only)
     module = HeadScaleLM(model, param, cfg.optim, cfg.steps, param.floor(cfg.constraint), cfg.trainer.compile)
     mix = recipe_mix(prepared.tokenizer, loaded.config.retrieval, cfg.target_len) if cfg.data_mix == "recipe" else None
     data = PackedDataModule(prepared, cfg.target_len, cfg.batch_size, cfg.seed, cfg.trainer.val_batches,
@@ -268,11 +285,13 @@ def log_outputs(cfg: HeadScaleConfig, run_id: str, loaded: LoadedModel, prepared
     reloaded with that table file, as ``evaluate`` loads one) and ``headscale.json``."""
     param = PARAMETERIZATIONS[cfg.parameterization]
     table = torch.tensor(summary.table)
-    save_table(path, table, {"checkpoint": cfg.checkpoint, "target_len": cfg.target_len,
-                             "model_fingerprint": summary.model_fingerprint}, param.table)
+    metadata = {"checkpoint": cfg.checkpoint, "target_len": cfg.target_len,
+                "model_fingerprint": summary.model_fingerprint, **({"past_only": "true"} if param.past_only else {})}
+    save_table(path, table, metadata, param.table)
     tracking.log_artifacts(cfg.tracking, run_id, path.parent, "headscale")
     if cfg.entropy_windows:
-        temperature = dataclasses.replace(loaded.config.model.temperature, **{param.table.field: str(path)})
+        temperature = dataclasses.replace(loaded.config.model.temperature, **{param.table.field: str(path)},
+                                          past_only=param.past_only)
         tuned = load_model(str(loaded.folder), cfg.tracking, temperature=temperature).model
         entropy = converged_entropy(tuned.to(device).eval(),
                                     validation_windows(prepared, cfg.target_len, cfg.entropy_windows))
