@@ -681,3 +681,62 @@ def test_a_report_lists_the_rules_changed_on_or_after_its_run():
     assert "2026-11-20: old reason" in changed_rules_section(claims, [])  # date unknown: every change
     inflection_rule = CLAIMS_BY_ID["inflections_coincide"].changes[0]
     assert inflection_rule.date == "2026-11-26" and "794a560" in inflection_rule.reason
+
+
+# --- HeadScale past L (issue 38) ------------------------------------------------------------------------------
+
+PAST = "headscale past 4x"
+PAST_KEEPS, PAST_BEATS = CLAIMS_BY_ID["headscale_past_keeps_retrieval"], CLAIMS_BY_ID["headscale_past_beats_nope_4x"]
+
+
+def past_runs(retrieved: tuple[int, ...], nope_retrieved: int = 95, drop: tuple[float, ...] = (0.5, 0.4, 0.6),
+              failure: float = 1.0, seeds=(1, 2, 3)) -> dict:
+    """NoPE and HeadScale past L: NoPE's NLL at 4x is its 1x NLL + ``failure`` nats, the method's 4x NLL is
+    ``drop`` (per seed) below NoPE's, plus noise; of 100 L-token passkey prompts NoPE answers ``nope_retrieved``
+    and the method ``retrieved`` (per seed)."""
+    def answers(right: int) -> dict[int, list[bool]]:
+        return {1: [True] * right + [False] * (100 - right)}
+
+    runs: dict = {"nope": {}, PAST: {}}
+    for s, right, d in zip(seeds, retrieved, drop, strict=True):
+        nll = base_nll(s)
+        runs["nope"][s] = evaluation({1: nll, 4: nll + failure}, answers(nope_retrieved))
+        runs[PAST][s] = evaluation({1: nll, 4: nll + failure - d + noise(s, 0.01)}, answers(right))
+    return runs
+
+
+def test_headscale_past_keeps_retrieval_is_the_ratio_to_nope_s_on_l_token_prompts():
+    assert (PAST_KEEPS.scale, PAST_KEEPS.inference, PAST_KEEPS.null, PAST_KEEPS.multiples) == (
+        "log", "non-inferiority", 1.0, (1,))
+    assert PAST_KEEPS.rule == "effect > 0.9 x NoPE's" and PAST_KEEPS.presupposes_retrieval
+    kept = evaluate_claim(PAST_KEEPS, past_runs((93, 95, 90)), RESAMPLES)
+    assert kept.interval.per_seed == pytest.approx((93 / 95, 1.0, 90 / 95))
+    logs = np.log(kept.interval.per_seed)  # the one-sided 95 % bound of the log-ratios clears ln 0.9
+    assert logs.mean() - scipy_stats.t.ppf(0.95, 2) * scipy_stats.sem(logs) > math.log(0.9)
+    assert kept.verdict == "reproduced"
+    assert evaluate_claim(PAST_KEEPS, past_runs((95, 95, 95)), RESAMPLES).verdict == "reproduced"  # NoPE's exactly
+    lost = evaluate_claim(PAST_KEEPS, past_runs((40, 50, 45)), RESAMPLES)
+    assert lost.verdict == "not reproduced" and lost.interval.per_seed == pytest.approx((40 / 95, 50 / 95, 45 / 95))
+    assert evaluate_claim(PAST_KEEPS, past_runs((60, 95, 95)), RESAMPLES).verdict == "inconclusive"
+    none = evaluate_claim(PAST_KEEPS, past_runs((10, 10, 10), nope_retrieved=20), RESAMPLES)
+    assert none.verdict == "untestable" and "nope retrieves 0.20 < 0.5" in none.reason
+
+
+def test_headscale_past_beats_nope_at_4x_only_where_nope_fails():
+    assert (PAST_BEATS.scale, PAST_BEATS.inference, PAST_BEATS.multiples) == ("raw", "superiority", (4, 4))
+    better = evaluate_claim(PAST_BEATS, past_runs((95,) * 3), RESAMPLES)
+    assert better.verdict == "reproduced"
+    assert better.interval.per_seed == pytest.approx([d - noise(s, 0.01).mean() for s, d in
+                                                      zip((1, 2, 3), (0.5, 0.4, 0.6), strict=True)], abs=1e-9)
+    worse = evaluate_claim(PAST_BEATS, past_runs((95,) * 3, drop=(-0.1, -0.05, -0.08)), RESAMPLES)
+    assert worse.verdict == "not reproduced"
+    gentle = evaluate_claim(PAST_BEATS, past_runs((95,) * 3, failure=0.1), RESAMPLES)  # PPL x1.1 at 4x
+    assert gentle.verdict == "untestable" and "no failure to repair" in gentle.reason
+
+
+def test_headscale_past_claims_are_not_measured_without_the_method():
+    runs = past_runs((95,) * 3)
+    del runs[PAST]
+    for claim in (PAST_KEEPS, PAST_BEATS):
+        outcome = evaluate_claim(claim, runs, RESAMPLES)
+        assert outcome.verdict == "not measured" and outcome.reason == f"no run of {PAST!r}"

@@ -2,7 +2,7 @@
 bit (full forward, KV-cached decoding, the positions < L of a longer sequence); past L the attention equals an
 explicit softmax with lambda_h on those queries; lambda's gradient comes from the queries past L only; the stage
 trains and saves a table that evaluate reloads with ``past_only``; bad input is refused in one line before any
-compute; the two claims about the method on synthetic runs."""
+compute. The two claims about the method are tested on synthetic runs in ``tests/test_claims.py``."""
 
 from __future__ import annotations
 

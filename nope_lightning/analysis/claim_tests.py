@@ -187,12 +187,22 @@ def _position_difference(claim: Claim, runs: Runs) -> Evidence:
     return Evidence(seeds, tuple(tables), lambda sums: _mean(sums, 0) - _mean(sums, 1))
 
 
-def _passkey_difference(claim: Claim, runs: Runs) -> Evidence:
+def _passkey_comparison(claim: Claim, runs: Runs) -> Evidence:
+    """The first method's passkey accuracy minus the second's (``passkey_difference``) or over it
+    (``passkey_ratio``; NaN where the second retrieves none), on the same prompts at ``multiples[0]`` x L (without
+    multiples: every length)."""
     m0, m1 = claim.methods
     multiple = claim.multiples[0] if claim.multiples else None
     seeds = common_seeds(runs, claim.methods)
     tables = [passkey_units([run_result(runs, m0, s), run_result(runs, m1, s)], multiple) for s in seeds]
-    return Evidence(seeds, tuple(tables), lambda sums: _mean(sums, 0) - _mean(sums, 1))
+    if claim.test == "passkey_difference":
+        return Evidence(seeds, tuple(tables), lambda sums: _mean(sums, 0) - _mean(sums, 1))
+
+    def ratio(sums: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return _mean(sums, 0) / _mean(sums, 1)
+
+    return Evidence(seeds, tuple(tables), ratio)
 
 
 def _best_temperature(claim: Claim, runs: Runs) -> Evidence:
@@ -377,6 +387,7 @@ TESTS: dict[str, Callable[[Claim, Runs], Evidence]] = {
     "gap_closed": _gap_closed, "position_ratio": _position_difference, "entropy_rise": _position_difference,
     "inflection_gap": _inflection_gap, "earliest_inflection": _inflection_gap,
     "inflection_shift": _inflection_shift, "entropy_and_ppl": _entropy_and_ppl,
-    "head_entropy_rank": _head_entropy_rank, "passkey_difference": _passkey_difference,
+    "head_entropy_rank": _head_entropy_rank, "passkey_difference": _passkey_comparison,
+    "passkey_ratio": _passkey_comparison,
     "best_temperature": _best_temperature, "best_temperature_rise": _best_temperature,
     "log_law_slope": _log_law_slope}

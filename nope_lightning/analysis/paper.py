@@ -138,11 +138,12 @@ TEST_NEEDS: dict[str, tuple[str, ...]] = {
     "position_ratio": ("position_windows",), "entropy_rise": ("position_windows", "entropy"),
     "inflection_gap": ("position_windows", "entropy"), "earliest_inflection": ("position_windows", "entropy"),
     "inflection_shift": ("position_windows", "entropy"), "entropy_and_ppl": ("position_windows", "entropy"),
-    "head_entropy_rank": (), "passkey_difference": ("passkey_keys",), "best_temperature": (),
+    "head_entropy_rank": (), "passkey_difference": ("passkey_keys",), "passkey_ratio": ("passkey_keys",),
+    "best_temperature": (),
     "best_temperature_rise": (), "log_law_slope": ("position_windows",)}
 
-#: Tests whose effect is a level (the best lambda, a position), not a difference between methods.
-LEVEL_TESTS = frozenset({"best_temperature", "earliest_inflection"})
+#: Tests whose effect is a level (the best lambda, a position) or a ratio, not a difference between methods.
+LEVEL_TESTS = frozenset({"best_temperature", "earliest_inflection", "passkey_ratio"})
 
 #: A seed's NoPE "learned retrieval" when it retrieves at least this share of the passkeys whose answer lies
 #: inside L; claims that presuppose retrieval (``Claim.presupposes_retrieval``) leave the other seeds out.
@@ -187,7 +188,7 @@ class Claim:
     @property
     def signed(self) -> bool:
         """Whether the effect is a difference, a slope or a correlation (printed with its sign) rather than a
-        level such as a best lambda or a position."""
+        level such as a best lambda or a position, or a ratio."""
         return self.test not in LEVEL_TESTS
 
     @property
@@ -327,6 +328,21 @@ CLAIMS: tuple[Claim, ...] = (
           "of lambda = c + b ln s over the buckets past L, validation)", "a = 0.30 / 0.40 (R^2 0.995 / 0.977)",
           "log_law_slope", ("search_nope",), (), 0.05, unit="(lambda per ln s)", **_RAW, **_UP,
           paper_effect=PaperEffect(0.301, "a of the Eq. 5 fit at 10K steps, §3 (0.397 at 50K)")),
+    # HeadScale past L (issue 38: not in paper 001, so no paper magnitude): the per-head lambda of queries at
+    # positions >= L only, tuned like HeadScale at 4x. Declared before any run of it. Does it keep NoPE's
+    # in-distribution retrieval while repairing 4x? Retrieval is read on the L-token prompts: a prompt whose answer
+    # lies wholly inside L is answered by NoPE's own logits bit for bit (tests/test_headscale_past.py), so it cannot
+    # fail there; an L-token prompt is in distribution and its answer is decoded past L, where lambda first acts.
+    Claim("headscale_past_keeps_retrieval", "HeadScale past L keeps >= 90 % of NoPE's in-distribution retrieval "
+          "(passkey accuracy on L-token prompts over NoPE's)", "not in paper 001 (issue 38)", "passkey_ratio",
+          ("headscale past 4x", "nope"), (1,), 0.9, unit="x NoPE's",
+          preconditions=(Precondition("passkey_at_least", ("nope",), 0.5, 1),), **_LOG,
+          inference="non-inferiority", null=1.0, presupposes_retrieval=True),
+    Claim("headscale_past_beats_nope_4x", "HeadScale past L improves NoPE's perplexity at 4x (log-PPL at 4x, NoPE "
+          "minus HeadScale past L)", "not in paper 001 (issue 38)", "log_ppl_difference",
+          ("nope", "headscale past 4x"), (4, 4), PPL_EFFECT,
+          preconditions=(Precondition("ppl_ratio_at_least", ("nope",), FAILURE_RATIO, 4),), **_RAW,
+          inference="superiority"),
 )
 
 # --- the hybrids' claims (beyond both papers) ------------------------------------------------------------------
