@@ -1,6 +1,7 @@
 """``nope-lightning run <stage> [conf.yaml] [key=value ...]`` — the only command line; no per-feature flags.
 
-Also: ``nope-lightning stages`` (list them), ``nope-lightning config <stage> [conf.yaml] [k=v ...]``
+Also: ``nope-lightning stages`` (list them), ``nope-lightning studies`` (the study folders under
+``experiments/``: files, seeds, status, measured time), ``nope-lightning config <stage> [conf.yaml] [k=v ...]``
 (print the resolved config without running anything) and ``nope-lightning harness [lm_eval arguments]``
 (lm-evaluation-harness on one of our checkpoints, ``eval/harness.py:main``). Multi-process runs re-execute
 this same command line in every rank (Lightning's DDP launcher), so it must stay free of interactive state.
@@ -27,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from nope_lightning import quiet
 from nope_lightning.config.core import to_yaml
 from nope_lightning.pipeline.registry import STAGES, run_stage, stage_config
@@ -35,9 +38,10 @@ DESCRIPTION = "Length generalization without position encoding (NoPE): pretraini
               "HeadScale, RoPE/ALiBi baselines, evaluation and reports."
 EPILOG = """examples:
   nope-lightning stages
+  nope-lightning studies
   nope-lightning config pretrain conf/pretrain/tiny.yaml
   nope-lightning run pretrain model.pos_encoding=rope
-  nope-lightning run pipeline experiments/tiny.yaml
+  nope-lightning run pipeline experiments/regime_study/regime_study.yaml
   nope-lightning harness --model_args checkpoint=<export folder> --tasks hellaswag
 
 stdout holds only the stage's JSON result (strict JSON: null for a NaN or infinite number); progress and
@@ -47,15 +51,39 @@ logs go to stderr."""
 HARNESS = "nope_lightning.eval.harness:main"
 
 
-def _split(args: list[str]) -> tuple[str | None, list[str]]:
+def _split(stage: str, args: list[str]) -> tuple[str | None, list[str]]:
     """``[conf.yaml] [k=v ...]`` -> (yaml path or None, overrides)."""
+    if args and "=" not in args[0] and Path(args[0]).is_dir():
+        files = sorted(p.as_posix() for p in Path(args[0]).glob("*.yaml"))
+        raise ValueError(f"{args[0]} is a folder: give one of its files: nope-lightning run {stage} "
+                         + (" | ".join(files) if files else "<file>.yaml"))
     if args and "=" not in args[0] and args[0].endswith((".yaml", ".yml")):
+        if stage == "pipeline" and (owner := _other_stage(args[0])):
+            raise ValueError(f"{args[0]} is a {owner} config, not an experiment file (no steps): "
+                             f"nope-lightning run {owner} {args[0]} (or a pipeline step's config:)")
         return args[0], args[1:]
     stray = [a for a in args if "=" not in a]
     if stray:
         raise ValueError(f"expected [conf.yaml] [key=value ...], got {' '.join(stray)!r} "
                          f"(a config file must end in .yaml)")
     return None, args
+
+
+def _other_stage(path: str) -> str | None:
+    """The stage whose config ``path`` is when it is an existing YAML mapping without ``steps`` (not an experiment
+    file): the first stage that loads it as it stands; None when it has steps or no stage takes it."""
+    file = Path(path)
+    if not file.is_file():
+        return None
+    loaded = yaml.safe_load(file.read_text())
+    if not isinstance(loaded, dict) or "steps" in loaded:
+        return None
+    for name in STAGES:
+        if name != "pipeline":
+            with contextlib.suppress(ValueError):
+                stage_config(name, path, [])
+                return name
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -68,6 +96,8 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("args", nargs="*", metavar="[conf.yaml] [key=value ...]",
                              help="a YAML of differences from the stage's defaults, then overrides")
     sub.add_parser("stages", help="list the stages")
+    studies = sub.add_parser("studies", help="list the study folders: files, seeds, status, measured time")
+    studies.add_argument("folder", nargs="?", default="experiments", help="the folder of studies (experiments)")
     sub.add_parser("harness", help="lm-evaluation-harness on a checkpoint, with lm_eval's arguments "
                                    "(nope-lightning harness --help)")
     return parser
@@ -102,8 +132,17 @@ def main(argv: list[str] | None = None) -> int:
         for name, stage in STAGES.items():
             print(f"{name:{width}s}  {stage.summary}")
         return 0
+    if ns.command == "studies":
+        from nope_lightning.results.studies import find_studies, listing
+
+        try:
+            print(listing(find_studies(Path(ns.folder))))
+        except (ValueError, FileNotFoundError) as err:
+            print(f"nope-lightning: error: {err}", file=sys.stderr)
+            return 2
+        return 0
     try:
-        yaml_path, overrides = _split(ns.args)
+        yaml_path, overrides = _split(ns.stage, ns.args)
         cfg = stage_config(ns.stage, yaml_path, overrides)
         if ns.command == "config":
             print(to_yaml(cfg), end="")

@@ -33,7 +33,7 @@ PARENT_TAG = "mlflow.parentRunId"
 OWNER_TAG = "nope_lightning.owner"
 #: MLflow 3's experiment kind: the UI's "Machine learning" kind, as opposed to "GenAI apps & agents". MLflow 3.4
 #: and 3.8 (checked) pick an experiment's first page from it (runs here, traces for GenAI); 3.17 follows its
-#: sidebar's GenAI / Model training switch instead (README, "Browsing results").
+#: sidebar's GenAI / Model training switch instead (docs/mlflow.md).
 KIND_TAG, KIND = "mlflow.experimentKind", "custom_model_development"
 #: While checking a store: no retries, and a short timeout (MLflow's defaults retry for minutes).
 CHECK_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}

@@ -14,10 +14,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load_experiment(name: str) -> ModuleType:
-    """``experiments/<name>.py`` (a script, not a package module) imported as the module ``name``, registered in
-    ``sys.modules`` (its dataclasses need it); the caller removes it when done."""
-    spec = importlib.util.spec_from_file_location(name, REPO / f"experiments/{name}.py")
+def load_script(path: str) -> ModuleType:
+    """The script at ``path`` (relative to the repository, e.g. ``tools/parallel_slices.py``: not a package module)
+    imported as the module named by its stem, registered in ``sys.modules`` (its dataclasses need it); the caller
+    removes it when done."""
+    name = Path(path).stem
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

@@ -31,7 +31,7 @@ def user_env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_tiny_pipeline_stdout_is_the_json_result_and_stderr_is_clean(tmp_path, data_cache):
-    args = [sys.executable, "-m", "nope_lightning.cli", "run", "pipeline", str(REPO / "experiments/tiny.yaml"),
+    args = [sys.executable, "-m", "nope_lightning.cli", "run", "pipeline", str(REPO / "experiments/tiny/tiny.yaml"),
             f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.artifact_root={tmp_path}/artifacts",
             f"common=[trainer.progress_bar=false,data.cache_dir={data_cache}]"]
     proc = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=user_env(tmp_path))
@@ -109,7 +109,7 @@ def test_help_is_plain_text(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--help"])
     out = capsys.readouterr().out
-    assert exit_info.value.code == 0 and "nope-lightning run pipeline experiments/tiny.yaml" in out
+    assert exit_info.value.code == 0 and "nope-lightning run pipeline experiments/regime_study/regime_study.yaml" in out
     assert "``" not in out
 
 
@@ -128,3 +128,23 @@ def test_early_failures_and_config_import_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "[]"
+
+
+def test_a_study_folder_or_a_grid_config_given_to_run_pipeline_names_what_to_use(capsys):
+    assert cli.main(["run", "pipeline", "experiments/regime_study"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "experiments/regime_study/regime_study.yaml" in err
+    assert cli.main(["run", "pipeline", "conf/synthetic-grid/cpu.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "nope-lightning run synthetic-grid conf/synthetic-grid/cpu.yaml" in err
+
+
+def test_studies_lists_every_study_folder_with_its_files_seeds_and_status(capsys):
+    assert cli.main(["studies"]) == 0
+    out = capsys.readouterr().out
+    folders = sorted(p.name for p in (REPO / "experiments").iterdir() if p.is_dir())
+    assert [line.split()[0] for line in out.split("\n\n")] == folders
+    assert "regime_study  [results + bundle]  99.4 min" in out
+    assert "experiments/regime_study/regime_study.yaml  seeds: 1234, 2345, 3456, 4567" in out
+    assert "tiny  [no results]" in out

@@ -16,7 +16,7 @@ from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.pipeline.steps import expand
 from tests.conftest import REPO
 
-EXPERIMENTS = sorted([*(REPO / "experiments").glob("*.yaml"), *(REPO / "experiments").glob("*/*.yaml")])
+EXPERIMENTS = sorted((REPO / "experiments").glob("*/*.yaml"))
 #: The environment the paper and small_temperature files read their corpora and checkpoints from.
 ENVIRONMENT = {"CORPUS": "/data/slimpajama", "PG19": "/data/pg19", "PROOFPILE": "/data/proofpile",
                "NOPE_CHECKPOINT": "runs:/0123456789abcdef/model", "NOPE_SCALE_SEARCH": "0123456789abcdef"}
@@ -60,7 +60,7 @@ def test_every_experiment_file_plans_without_compute(path, dry_run, tmp_path):
 
 
 def test_small_plan_numbers(dry_run):
-    plan = dry_run(REPO / "experiments/small.yaml")
+    plan = dry_run(REPO / "experiments/small/small.yaml")
     assert plan["seeds"] == [1234, 2345, 3456] and len(plan["steps"]) == 3 * 14
     steps = {s["id"].removesuffix("[seed=1234]"): s for s in plan["steps"] if s["id"].endswith("[seed=1234]")}
     pretrain = steps["pretrain_nope"]
@@ -76,14 +76,14 @@ def test_small_plan_numbers(dry_run):
     # every replicate's steps use that replicate's models
     assert {s["model"]["from"] for s in plan["steps"] if s["id"].startswith("eval_headscale_4x[")} == {
         f"pretrain_nope[seed={seed}]" for seed in (1234, 2345, 3456)}
-    baselines = {s["id"].removesuffix("[seed=2345]"): s for s in dry_run(REPO / "experiments/small_baselines.yaml")[
+    baselines = {s["id"].removesuffix("[seed=2345]"): s for s in dry_run(REPO / "experiments/small_baselines/small_baselines.yaml")[
         "steps"] if s["id"].endswith("[seed=2345]")}
     assert baselines["finetune_pi_2x"]["model"]["from"] == "pretrain_rope[seed=2345]"
     assert baselines["eval_pi_2x"]["model"]["from"] == "finetune_pi_2x[seed=2345]"  # the fine-tune's own export
 
 
 def test_paper_plan_numbers(dry_run):
-    plan = dry_run(REPO / "experiments/paper.yaml")
+    plan = dry_run(REPO / "experiments/paper/paper.yaml")
     steps = {s["id"]: s for s in plan["steps"]}
     pretrain = steps["pretrain_nope"]
     assert pretrain["model"]["size"] == "22 layers x 2048, 32 heads" and pretrain["model"]["max_positions"] == 20480
@@ -174,7 +174,7 @@ def test_a_broken_step_is_not_blamed_on_the_steps_using_it(dry_run, tmp_path):
 
 def test_cli_prints_only_the_plan_on_stdout(tmp_path, tracking_overrides):
     proc = subprocess.run([sys.executable, "-m", "nope_lightning.cli", "run", "pipeline",
-                           str(REPO / "experiments/tiny.yaml"), "dry_run=true", *tracking_overrides],
+                           str(REPO / "experiments/tiny/tiny.yaml"), "dry_run=true", *tracking_overrides],
                           capture_output=True, text=True, cwd=tmp_path, check=True)
     plan = json.loads(proc.stdout)
     assert [s["stage"] for s in plan["steps"]][:3] == ["pretrain", "pretrain", "evaluate"]

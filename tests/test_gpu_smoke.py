@@ -1,4 +1,4 @@
-"""experiments/gpu_smoke.py on the CPU at the tiny size: its JSON fields, and its FLOP formula against an
+"""tools/gpu_smoke.py on the CPU at the tiny size: its JSON fields, and its FLOP formula against an
 independent count of one forward pass (torch's FlopCounterMode)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from nope_lightning.model import GPT
 from tests.conftest import REPO
 
-SCRIPT = REPO / "experiments/gpu_smoke.py"
+SCRIPT = REPO / "tools/gpu_smoke.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,17 +1,17 @@
-"""experiments/regimes.py: the regime table reads a committed report's own tables (NoPE's PPL ratios, passkey, the
+"""experiments/regimes/regimes.py: the regime table reads a committed report's own tables (NoPE's PPL ratios, passkey, the
 repair claim's estimate, the verdict counts), checked against the `small` report's numbers by hand."""
 
 from __future__ import annotations
 
 import sys
 
-from tests.conftest import REPO, load_experiment
+from tests.conftest import REPO, load_script
 
 
 def test_a_row_is_read_from_the_report_s_tables(tmp_path, monkeypatch):
-    regimes = load_experiment("regimes")
+    regimes = load_script("experiments/regimes/regimes.py")
     del sys.modules["regimes"]  # the reference is enough from here on
-    report = REPO / "experiments/results/small/report.md"
+    report = REPO / "experiments/small/results/report.md"
     row = regimes.row("gentle", report)
     # small report: NoPE 29.9 / 39.3 / 50.1 at 1x / 2x / 4x, passkey 0.62 at 128, repair +0.161 of the gap,
     # claims: 5 reproduced, 6 not reproduced, 2 untestable.

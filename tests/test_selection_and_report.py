@@ -218,7 +218,7 @@ def test_the_recipe_table_shows_an_unset_setting_as_not_set():
 def test_a_method_sits_beside_the_paper_row_its_experiment_file_names_and_no_other():
     # small_temperature's HeadScale-log is no Table 4 method: before rows were data, its label's substring
     # "headscale" put it beside the paper's HeadScale row (30.4 / 81 % / 17.0).
-    cfg = load_config(PipelineConfig, REPO / "experiments/small_temperature.yaml")
+    cfg = load_config(PipelineConfig, REPO / "experiments/small_temperature/small_temperature.yaml")
     runs = {"nope": {None: run_result(3.0, lengths=(400,))}, "headscale-log 4x": {None: run_result(3.1, lengths=(400,))}}
     methods = Methods.of(cfg)
     assert "headscale-log 4x" not in methods.paper_rows("table4")
@@ -226,7 +226,7 @@ def test_a_method_sits_beside_the_paper_row_its_experiment_file_names_and_no_oth
     beside = ablation_table(runs, [], {"headscale-log 4x": "headscale"})  # only where a file says so
     paper_cell = f"{TABLE4['headscale']['pg19']} / {TABLE4['headscale']['passkey']}% / {TABLE4['headscale']['longbench']}"
     assert paper_cell in beside
-    small = Methods.of(load_config(PipelineConfig, REPO / "experiments/small.yaml"))
+    small = Methods.of(load_config(PipelineConfig, REPO / "experiments/small/small.yaml"))
     assert small.paper_rows("table4") == {"headscale 4x": "headscale", "headscale 4x w/o init": "headscale w/o init",
                                           "headscale 4x w/o constraint": "headscale w/o constraint"}
     assert small.reference == "nope" and "rope" not in small.nope_family and "headscale 4x" in small.nope_family

@@ -1,4 +1,4 @@
-"""A tiny version of the sharpness study (``experiments/sharpness.yaml``): a matrix over depth and tokens per
+"""A tiny version of the sharpness study (``experiments/sharpness/sharpness.yaml``): a matrix over depth and tokens per
 parameter, RoPE at one extreme, two seeds; the report's sweep section is computed from the study's own runs."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""experiments/synthetic_paper.yaml, paper 002's full grid as a pipeline: its dry run plans 17 tasks x 5 PEs
-x 3 seeds = 255 cells of the paper recipe without compute. experiments/synthetic_cost.py: its FLOP count of
+"""experiments/synthetic/synthetic_paper.yaml, paper 002's full grid as a pipeline: its dry run plans 17 tasks x 5 PEs
+x 3 seeds = 255 cells of the paper recipe without compute. tools/synthetic_cost.py: its FLOP count of
 one run against a count by hand from the generated sequences (numpy) and the architecture's shapes."""
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.synthetic import TASKS, make_split
 from tests.conftest import REPO
 
-PIPELINE = REPO / "experiments/synthetic_paper.yaml"
+PIPELINE = REPO / "experiments/synthetic/synthetic_paper.yaml"
 SEEDS = [256788, 234054, 146317]  # the reference's
 
 
 @pytest.fixture(scope="module")
 def cost():
-    spec = importlib.util.spec_from_file_location("synthetic_cost", REPO / "experiments/synthetic_cost.py")
+    spec = importlib.util.spec_from_file_location("synthetic_cost", REPO / "tools/synthetic_cost.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass resolves its annotations through sys.modules
     spec.loader.exec_module(module)

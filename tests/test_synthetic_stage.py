@@ -340,8 +340,8 @@ def test_model_pos_encoding_follows_the_stage_key():
 
 def test_config_files_load_and_agree():
     assert load_config(SyntheticConfig, REPO / "conf/synthetic/small.yaml") == SyntheticConfig()  # documents defaults
-    paper_grid = load_config(SyntheticGridConfig, REPO / "experiments/synthetic_grid_paper.yaml")
+    paper_grid = load_config(SyntheticGridConfig, REPO / "conf/synthetic-grid/paper.yaml")
     assert paper_grid.base == load_config(SyntheticConfig, REPO / "conf/synthetic/paper.yaml")
     assert len(paper_grid.cells()) == 17 * 5 * 3
-    reduced = load_config(SyntheticGridConfig, REPO / "experiments/synthetic_grid.yaml")
+    reduced = load_config(SyntheticGridConfig, REPO / "conf/synthetic-grid/reduced.yaml")
     assert reduced.pos_encodings == ["nope", "t5", "alibi", "rope", "sinusoidal"]

@@ -1,5 +1,5 @@
 """Paper 002's CPU study files (experiments/synthetic_{primitive,math,classic,scratchpad_*}.yaml over the per-task
-recipes of experiments/synthetic_cpu.yaml) and experiments/parallel_slices.py, which runs their slices side by side:
+recipes of conf/synthetic-grid/cpu.yaml) and tools/parallel_slices.py, which runs their slices side by side:
 the files cover the paper's three categories with >= 8 tasks x 5 PEs x 3 seeds at the recipes' steps, and a slice
 (one matrix point and seed, in its own store) trains exactly the cells the whole file trains at that point."""
 
@@ -14,11 +14,11 @@ import pytest
 from nope_lightning.config.synthetic import PAPER_PES
 from nope_lightning.pipeline.registry import stage_config
 from nope_lightning.pipeline.steps import expand, step_config
-from tests.conftest import REPO, load_experiment
+from tests.conftest import REPO, load_script
 
-FILES = {name: REPO / f"experiments/synthetic_{name}.yaml" for name in ("primitive", "math", "classic")}
+FILES = {name: REPO / f"experiments/synthetic/synthetic_{name}.yaml" for name in ("primitive", "math", "classic")}
 #: The scratchpad study, one file per task (each fits 120 min on 2 cores).
-SCRATCHPAD = {task: REPO / f"experiments/synthetic_scratchpad_{task}.yaml" for task in ("addition", "parity")}
+SCRATCHPAD = {task: REPO / f"experiments/synthetic/synthetic_scratchpad_{task}.yaml" for task in ("addition", "parity")}
 CATEGORIES = {"primitive": {"copy_repeat", "reverse"},
               "math": {"parity", "summation", "addition", "lego"}, "classic": {"scan", "pcfg"}}
 STEPS = {"copy_repeat": 2000, "copy_repeat_change": 3000, "reverse": 3000, "parity": 2000, "summation": 6000,
@@ -27,7 +27,7 @@ STEPS = {"copy_repeat": 2000, "copy_repeat_change": 3000, "reverse": 3000, "pari
 
 @pytest.fixture(scope="module")
 def slicer():
-    yield load_experiment("parallel_slices")
+    yield load_script("tools/parallel_slices.py")
     del sys.modules["parallel_slices"]
 
 

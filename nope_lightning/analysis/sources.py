@@ -100,7 +100,7 @@ class StoreSource:
 
 @dataclass
 class BundleSource:
-    """A results bundle a report wrote (``<out_dir>/results``), e.g. committed under ``experiments/results``."""
+    """A results bundle a report wrote (``<out_dir>/results``), e.g. committed under ``experiments/<study>/results/results``."""
 
     folder: Path
     bundle: Bundle = field(init=False)

@@ -1,6 +1,6 @@
 """The report's sweep section: how sharp NoPE's failure past L is at each point of a pipeline's matrix.
 
-A pipeline with ``matrix`` and ``sweep: {x: <key>, lines: <key>}`` (``experiments/sharpness.yaml``) runs the same
+A pipeline with ``matrix`` and ``sweep: {x: <key>, lines: <key>}`` (``experiments/sharpness/sharpness.yaml``) runs the same
 steps at every grid point; here every point gets the measures below, each pooled over seeds with its 95 %
 interval by the claims' machinery (paired on the same windows, ``claims.measure``), then a table, a log-log
 slope per line, and a plot of the measures against ``x`` with one line per value of ``lines``. The measures

@@ -199,7 +199,7 @@ def _assignment(override: str) -> tuple[str, str]:
 class ReportSource:
     """Another source a report reads beside its own: a pipeline run ``run`` (its MLflow run id) in the store
     ``uri`` (empty: the report's own store), or ``results``, the results bundle an earlier report wrote
-    (``<out_dir>/results``, e.g. committed under ``experiments/results/<study>/results``) — a study split into
+    (``<out_dir>/results``, e.g. committed under ``experiments/<study>/results/results``) — a study split into
     files, or one seed per file, run on several machines or days."""
 
     run: str = ""
@@ -222,7 +222,7 @@ class ReportConfig:
     (``claims``), the sweep section (``sweep``) and the bootstrap resamples (``bootstrap``) are the pipeline's
     own (its logged ``config.yaml``) unless given here (unset: ``None`` / ``0``). ``also``: further sources
     reported together with ``run`` (``"also=[{run: <id>}, {run: <id>, uri: 'sqlite:///other/mlflow.db'},
-    {results: experiments/results/hybrids/results}]"``): their runs join ``run``'s, placed by their own tags (a
+    {results: experiments/hybrids/results/results}]"``): their runs join ``run``'s, placed by their own tags (a
     seed or a method that two sources both hold is an error, not a silent choice); the report is logged to
     ``run``. Without ``run``, the report is made from ``also`` alone into ``out_dir`` and logged nowhere (a
     committed report regenerated from its committed results)."""

@@ -109,7 +109,7 @@ class Bundle:
         index_path = folder / INDEX
         if not index_path.is_file():
             raise FileNotFoundError(f"{folder} holds no {INDEX}: point also=[{{results: ...}}] at the results/ "
-                                    f"folder a report wrote (e.g. experiments/results/<study>/results)")
+                                    f"folder a report wrote (e.g. experiments/<study>/results/results)")
         try:
             index = json.loads(index_path.read_text())
             version = index.get("version")

@@ -17,7 +17,7 @@ memory-efficient kernel, which keeps no T x T matrix, SwiGLU MLP):
   (``training.module.lm_loss``): (b + 8) V bytes per token.
 
 It leaves out what does not scale with the run (the CUDA context, the allocator's fragmentation, FSDP's
-all-gathered bf16 copy of one block), which ``HEADROOM`` covers. ``experiments/gpu_smoke.py`` prints the estimate
+all-gathered bf16 copy of one block), which ``HEADROOM`` covers. ``tools/gpu_smoke.py`` prints the estimate
 beside the measured peak.
 """
 

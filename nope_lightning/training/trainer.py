@@ -38,7 +38,7 @@ from nope_lightning.training.module import FSDP2Strategy
 def configure_threads(cfg: TrainerConfig) -> int:
     """Set torch's intra-op threads: ``cfg.threads``, or for 0 the CPU cores shared out among the processes.
 
-    Measured on 2 cores with the small model (``experiments/benchmark_pretrain.py``, README): one process
+    Measured on 2 cores with the small model (``tools/benchmark_pretrain.py``, docs/performance.md): one process
     trains faster on 2 threads than on 1, and 2 DDP processes x 1 thread are faster still; so ``threads=0``
     gives each of the ``devices`` processes ``cores // devices`` threads. GPU runs keep torch's default.
     """

@@ -1,0 +1,158 @@
+"""The studies under ``experiments/``: one folder per study, holding its experiment file(s), a README and, once
+run, ``results/`` (``report.md``, figures and the results bundle ``results/results``).
+
+A study README opens with a front matter block (YAML between two ``---`` lines, which GitHub shows as a table)
+that ``StudyCard`` reads: the question, the measured wall clock and where it was measured, and the committed
+report's verdict counts. Everything else a listing shows is read from the folder itself: its experiment files and
+their seeds (each file's ``seeds``), and whether results are committed (``results/report.md``) and with a bundle
+(``results/results/index.json``, from which the report regenerates byte for byte).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from nope_lightning.config.core import load_config
+from nope_lightning.config.pipeline import PipelineConfig
+
+#: The verdicts a claim can get (``analysis/claims.py``; the last, paper 002's, ``analysis/synthetic_claims.py``),
+#: in the order a verdict count lists them.
+VERDICTS = ("reproduced", "not reproduced", "inconclusive", "untestable", "too few tasks learned")
+
+
+@dataclass(frozen=True)
+class StudyCard:
+    """A study README's front matter.
+
+    ``question``: what the study asks, one sentence. ``wall_clock_min``: minutes the committed results took from
+    an empty store (summed over invocations and files); None when the study has not been run. ``machine``: where
+    that was measured (cores or GPU, torch build). ``measured``: the date (ISO). ``verdicts``: the committed
+    report's claim count per verdict (``VERDICTS``); empty for a study that tests no claims.
+    """
+
+    question: str
+    wall_clock_min: float | None = None
+    machine: str = ""
+    measured: str = ""
+    verdicts: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.question.strip():
+            raise ValueError("question: empty")
+        if self.wall_clock_min is not None and (self.wall_clock_min <= 0 or not self.machine):
+            raise ValueError("wall_clock_min: must be > 0 minutes and name its machine")
+        if unknown := sorted(set(self.verdicts) - set(VERDICTS)):
+            raise ValueError(f"verdicts: unknown verdict(s) {unknown}; known: {', '.join(VERDICTS)}")
+
+    def verdict_line(self) -> str:
+        """``10 reproduced, 1 not reproduced, 2 untestable`` (the listed verdicts in ``VERDICTS`` order), or —."""
+        return ", ".join(f"{self.verdicts[v]} {v}" for v in VERDICTS if self.verdicts.get(v)) or "—"
+
+    def time_line(self) -> str:
+        """``99.4 min, 2 CPU cores ...``; the machine alone, or ``not measured``, without a wall clock."""
+        if self.wall_clock_min is None:
+            return self.machine or "not measured"
+        return f"{self.wall_clock_min:g} min, {self.machine}"
+
+
+@dataclass(frozen=True)
+class StudyFile:
+    """One experiment file of a study: its path and the seeds it runs (its ``seeds``; empty: the stages' own)."""
+
+    path: Path
+    seeds: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Study:
+    """One folder under ``experiments/``: its card, experiment files (sorted by name) and scripts."""
+
+    folder: Path
+    card: StudyCard
+    files: tuple[StudyFile, ...]
+    scripts: tuple[Path, ...]
+
+    @property
+    def name(self) -> str:
+        return self.folder.name
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """Every seed any of its files runs, sorted."""
+        return tuple(sorted({seed for f in self.files for seed in f.seeds}))
+
+    @property
+    def status(self) -> str:
+        """``results + bundle``, ``results`` (a report without a bundle: it cannot be regenerated) or
+        ``no results``."""
+        if not (self.folder / "results/report.md").is_file():
+            return "no results"
+        return "results + bundle" if (self.folder / "results/results/index.json").is_file() else "results"
+
+
+def front_matter(text: str) -> dict:
+    """The YAML mapping between a leading ``---`` line and the next one; ValueError when there is none."""
+    lines = text.splitlines()
+    if not lines or lines[0] != "---" or "---" not in lines[1:]:
+        raise ValueError("no front matter (a leading block between two '---' lines)")
+    try:  # every scalar as text (a date stays ISO text; the card's types convert the numbers)
+        block = yaml.load("\n".join(lines[1:lines.index("---", 1)]), Loader=yaml.BaseLoader)
+    except yaml.YAMLError as err:
+        raise ValueError(f"the front matter is not YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(block, dict):
+        raise ValueError("the front matter must be a mapping of keys")
+    return block
+
+
+def read_card(readme: Path) -> StudyCard:
+    """The ``StudyCard`` of a study README; ValueError naming the file for a missing, unknown or mistyped key."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(StudyCard), front_matter(readme.read_text()))
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise ValueError(f"{readme}: {str(err).splitlines()[0]}") from None
+    except ValueError as err:
+        raise ValueError(f"{readme}: {err}") from None
+
+
+def read_study(folder: Path) -> Study:
+    """The study in ``folder``: its README's card, each ``*.yaml`` as a pipeline file, each ``*.py`` a script."""
+    readme = folder / "README.md"
+    if not readme.is_file():
+        raise ValueError(f"{folder}: a study folder needs a README.md with its card")
+    files = tuple(StudyFile(path, tuple(load_config(PipelineConfig, path).seeds))
+                  for path in sorted(folder.glob("*.yaml")))
+    return Study(folder, read_card(readme), files, tuple(sorted(folder.glob("*.py"))))
+
+
+def find_studies(experiments: Path) -> list[Study]:
+    """Every study folder under ``experiments``, by name."""
+    if not experiments.is_dir():
+        raise FileNotFoundError(f"no folder {experiments} (run from the repository root)")
+    return [read_study(folder) for folder in sorted(experiments.iterdir()) if folder.is_dir()]
+
+
+def listing(studies: list[Study]) -> str:
+    """``nope-lightning studies``: per study its status and time, its question, then one line per file."""
+    blocks = []
+    for study in studies:
+        lines = [f"{study.name}  [{study.status}]  {study.card.time_line()}", f"  {study.card.question}"]
+        lines += [f"  {f.path}  seeds: {', '.join(map(str, f.seeds)) or 'none (the stages own)'}"
+                  for f in study.files]
+        lines += [f"  {script}  (script)" for script in study.scripts]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def results_table(studies: list[Study], base: str = "experiments") -> str:
+    """The front door's results table: one row per study (question, number of seeds, status, verdict counts,
+    wall clock), each linking its README under ``base``."""
+    rows = ["| study | question | seeds | status | verdicts | wall clock |", "|---|---|---|---|---|---|"]
+    rows += [f"| [{s.name}]({base}/{s.name}/README.md) | {s.card.question} | {len(s.seeds) or '—'} | {s.status} "
+             f"| {s.card.verdict_line()} | {s.card.time_line()} |" for s in studies]
+    return "\n".join(rows)

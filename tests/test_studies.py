@@ -1,0 +1,67 @@
+"""The study folders (``nope_lightning/results/studies.py``): every folder under experiments/ has a README whose
+front matter is a valid card; a card's verdict counts are its report's; the front door's results table is the one
+the cards make; the README stays a front door."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+
+from nope_lightning.results.studies import VERDICTS, StudyCard, find_studies, read_card, results_table
+from tests.conftest import REPO
+from tests.test_readme import cited_tables
+
+STUDIES = find_studies(REPO / "experiments")
+VERDICT_CELL = re.compile(r"\| \*\*(" + "|".join(VERDICTS) + r")\*\* \|$")
+
+
+def test_every_study_folder_has_a_card_and_its_files():
+    assert {s.name for s in STUDIES} == {p.name for p in (REPO / "experiments").iterdir() if p.is_dir()}
+    by_name = {s.name: s for s in STUDIES}
+    assert by_name["regime_study"].seeds == (1234, 2345, 3456, 4567)
+    assert by_name["regime_study"].status == "results + bundle" and by_name["small"].status == "results"
+    assert by_name["tiny"].status == "no results" and by_name["tiny"].card.wall_clock_min is None
+    assert [f.path.name for f in by_name["synthetic"].files][:2] == ["synthetic_classic.yaml", "synthetic_math.yaml"]
+    for study in STUDIES:
+        assert study.files or study.scripts, f"{study.name}: no experiment file or script"
+
+
+@pytest.mark.parametrize("study", STUDIES, ids=lambda s: s.name)
+def test_a_card_counts_the_verdicts_its_readme_shows_from_its_report(study):
+    """The README's claims table is its report's verbatim (test_readme); its verdict cells, counted here, are the
+    card's counts (a study whose report tests no claims has none)."""
+    readme = study.folder / "README.md"
+    cells = Counter(match.group(1) for cited, table in cited_tables(readme) if cited == "results/report.md"
+                    for line in table.splitlines() if (match := VERDICT_CELL.search(line)))
+    assert dict(cells) == study.card.verdicts
+
+
+def test_the_front_door_is_short_has_one_main_command_and_the_cards_results_table():
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    quick_start = text[text.index("## Quick start"):text.index("## Stages")]
+    assert re.findall(r"^nope-lightning run pipeline \S+", quick_start, flags=re.M) == [
+        "nope-lightning run pipeline experiments/regime_study/regime_study.yaml"]
+    assert "\npython -m pytest -q\n" in quick_start  # what .ci/run runs
+    assert results_table(STUDIES) in text
+
+
+def test_a_card_is_checked(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("---\nquestion: Why?\nwall_clock_min: 12.5\nmachine: 2 CPU cores\nmeasured: 2026-11-26\n"
+                      "verdicts: {reproduced: 2, untestable: 1}\n---\n\n# A study\n")
+    card = read_card(readme)
+    assert card == StudyCard("Why?", 12.5, "2 CPU cores", "2026-11-26", {"reproduced": 2, "untestable": 1})
+    assert card.verdict_line() == "2 reproduced, 1 untestable" and card.time_line() == "12.5 min, 2 CPU cores"
+    for front, message in [("question: Why?\nverdicts: {passed: 1}", "unknown verdict"),
+                           ("question: Why?\nwall_clock_min: 10", "name its machine"),
+                           ("question: Why?\nseeds: 3", "seeds"), ("wall_clock_min: 1\nmachine: x", "question"),
+                           ("question: a: b", "not YAML")]:
+        readme.write_text(f"---\n{front}\n---\n")
+        with pytest.raises(ValueError, match=message):
+            read_card(readme)
+    readme.write_text("# A study without a card\n")
+    with pytest.raises(ValueError, match="no front matter"):
+        read_card(readme)
