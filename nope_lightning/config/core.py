@@ -75,21 +75,16 @@ def _format_error(err: OmegaConfBaseException) -> str:
 
 def load_config(cls: type[T] | T, yaml_path: str | os.PathLike | None = None,
                 overrides: list[str] | tuple[str, ...] = ()) -> T:
-    """Merge ``cls`` defaults <- YAML file <- ``key=value`` overrides into a validated ``cls``. ``cls`` may be a
-    config instance: its values stand in for the defaults (a synthetic grid's per-task overrides of ``base``).
+    """Merge ``cls`` defaults <- YAML file (after the files it ``extends``, ``file_layers``) <- ``key=value``
+    overrides into a validated ``cls``. ``cls`` may be a config instance: its values stand in for the defaults
+    (a synthetic grid's per-task overrides of ``base``).
 
     Raises ``ValueError`` (naming the key) for unknown keys, wrong types, bad choices, out-of-range
     values and malformed overrides; ``FileNotFoundError`` for a missing YAML file.
     """
     layers: list[Any] = [OmegaConf.structured(cls)]
     if yaml_path is not None:
-        path = Path(yaml_path)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file not found: {path}")
-        loaded = OmegaConf.load(path)
-        if not OmegaConf.is_dict(loaded):
-            raise ValueError(f"{path}: a config file must hold a mapping of keys, got {type(loaded).__name__}")
-        layers.append(loaded)
+        layers.extend(file_layers(Path(yaml_path)))
     bad = [o for o in overrides if "=" not in o or o.startswith("=")]
     if bad:
         raise ValueError(f"overrides must look like key=value, got: {' '.join(bad)}")
@@ -104,6 +99,25 @@ def load_config(cls: type[T] | T, yaml_path: str | os.PathLike | None = None,
         raise ValueError(_format_error(err)) from None
     except yaml.YAMLError as err:  # a malformed value in an override, e.g. an unquoted '{' in a list
         raise ValueError(f"cannot parse an override value: {str(err).splitlines()[0]} (quote it)") from None
+
+
+def file_layers(path: Path, inside: tuple[Path, ...] = ()) -> list[Any]:
+    """The YAML file ``path`` as merge layers, lowest first: the file its ``extends:`` key names (a path relative
+    to ``path``; itself possibly extending another), then ``path`` without that key, whose values win (a list,
+    e.g. ``seeds`` or ``steps``, replaces the base's). So a study's second file can run the first's steps with other
+    seeds without a copy of them. A missing file, a non-mapping or a cycle of files is one line."""
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}" + (f" (extended by {inside[-1]})" if inside else ""))
+    loaded = OmegaConf.load(path)
+    if not OmegaConf.is_dict(loaded):
+        raise ValueError(f"{path}: a config file must hold a mapping of keys, got {type(loaded).__name__}")
+    base = loaded.pop("extends", None)
+    if base is None:
+        return [loaded]
+    parent = (path.parent / str(base)).resolve()
+    if parent in inside or parent == path.resolve():
+        raise ValueError(f"{path}: extends {base}, which leads back to {path.name} (a cycle of files)")
+    return [*file_layers(parent, (*inside, path.resolve())), loaded]
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
