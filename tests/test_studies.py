@@ -20,7 +20,9 @@ VERDICT_CELL = re.compile(r"\| \*\*(" + "|".join(VERDICTS) + r")\*\* \|$")
 def test_every_study_folder_has_a_card_and_its_files():
     assert {s.name for s in STUDIES} == {p.name for p in (REPO / "experiments").iterdir() if p.is_dir()}
     by_name = {s.name: s for s in STUDIES}
-    assert by_name["regime_study"].seeds == (1234, 2345, 3456, 4567)
+    files = {f.path.name: f.seeds for f in by_name["regime_study"].files}
+    assert files["regime_study.yaml"] == (1234, 2345, 3456, 4567)
+    assert by_name["regime_study"].seeds == tuple(sorted({s for seeds in files.values() for s in seeds}))
     assert by_name["regime_study"].status == "results + bundle" and by_name["small"].status == "results"
     assert by_name["tiny"].status == "no results" and by_name["tiny"].card.wall_clock_min is None
     assert [f.path.name for f in by_name["synthetic"].files][:2] == ["synthetic_classic.yaml", "synthetic_math.yaml"]
