@@ -612,12 +612,12 @@ def test_a_hybrid_keeps_nope_s_retrieval_only_where_both_retrieve_in_distributio
 
 
 def test_the_hybrids_study_names_every_method_its_claims_compare():
-    cfg = load_config(PipelineConfig, Path(__file__).parents[1] / "experiments/hybrids.yaml")
+    cfg = load_config(PipelineConfig, Path(__file__).parents[1] / "experiments/hybrids/hybrids.yaml")
     labels = {step.label or step.id for step in cfg.steps}
     assert {m for c in cfg.claims for m in CLAIMS_BY_ID[c].methods} <= labels
     assert cfg.reference == "nope" and cfg.more_references == ["rope"]
     with pytest.raises(ValueError, match="more_references: 'yarn' is no step's label"):
-        load_config(PipelineConfig, Path(__file__).parents[1] / "experiments/hybrids.yaml", ["more_references=[yarn]"])
+        load_config(PipelineConfig, Path(__file__).parents[1] / "experiments/hybrids/hybrids.yaml", ["more_references=[yarn]"])
 
 
 def test_every_claim_declares_its_scale_test_and_margin_and_a_missing_one_fails_in_one_line():

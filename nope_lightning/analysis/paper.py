@@ -5,7 +5,7 @@ claims of the hybrid architectures built on NoPE (``HYBRID_CLAIMS``).
 Paper 001 (Wang, Ji et al. 2024), TinyLlama-1.1B at L = 2K. Table 2: sliding-window PPL (S = 256) on PG19
 and Proof-pile at 2K/4K/8K/16K, i.e. 1x/2x/4x/8x the training length — the columns we compare with our
 1x/2x/4x/8x ``train_len``. ``inf`` stands for the paper's "> 10^3". Rows are named after the pipeline labels
-of ``experiments/paper.yaml``; an experiment file places each of its methods beside a row of a table
+of ``experiments/paper/paper.yaml``; an experiment file places each of its methods beside a row of a table
 (``ROWS``), by name, so no method is matched to a paper row by its label.
 """
 
@@ -350,7 +350,7 @@ CLAIMS: tuple[Claim, ...] = (
 # the NoPE layers' queries with length at inference "to enhance length generalization"; RNoPE-SWA (Yang et al.
 # 2025, "Rope to Nope and Back Again", arXiv 2501.18795) windows the RoPE layers and reports a hybrid that keeps
 # RoPE's quality in distribution and retrieves far past the training length. Method labels are
-# experiments/hybrids.yaml's.
+# experiments/hybrids/hybrids.yaml's.
 _RETRIEVE = {m: Precondition("passkey_at_least", (m,), 0.5, 1) for m in ("irope", "rnope-swa")}
 
 HYBRID_CLAIMS: tuple[Claim, ...] = (

@@ -294,7 +294,7 @@ class OptimConfig:
 class TrainerConfig:
     """Lightning Trainer settings (the only place they are read is ``training.trainer.build_trainer``).
 
-    ``threads=0`` picks the measured best intra-op thread count for this host (see README: on 2 cores
+    ``threads=0`` picks the measured best intra-op thread count for this host (docs/performance.md: on 2 cores
     one thread per process beats two). ``val_every_n_steps=0`` validates once, at the end.
 
     ``strategy``: ``fsdp`` is Lightning's FSDP1 (CUDA only); ``fsdp2`` is ``torch.distributed.fsdp.fully_shard``

@@ -8,10 +8,8 @@ L, so the tuned model is the untuned one bit for bit on every position < L and o
 lambda a gradient), from the same init, under the same constraint and floors, on the same data as ``lambda``;
 it needs a model with NoPE layers (``temperature.require_nope_layers``).
 
-Hybrids (``model.layer_pattern`` / ``nope_every``): HeadScale trains every layer's scalars, RoPE layers'
-included. A head that needs no rescaling learns to keep lambda near its start, so restricting HeadScale to
-the NoPE layers would impose a prior the data can decide. Past L a RoPE layer sees unseen rotations too, and
-the table keeps the (n_layer, n_head) shape every reader of a table expects.
+Hybrids (``model.layer_pattern`` / ``nope_every``): every layer's scalars train, RoPE layers' included (past L a
+RoPE layer sees unseen rotations too; a head that needs no rescaling keeps its start), in the usual table shape.
 
 Every weight of the exported model is frozen (``requires_grad=False``, so autograd computes no weight
 gradient at all: the backward pass only propagates activation gradients down to the lowest trained scalar).
@@ -21,35 +19,23 @@ and train with ``CausalLM``'s AdamW + warm-up/cosine on ``target_len``-token win
 corpus (``seed`` differs from pre-training's, so the windows differ).
 
 Constraints hold by **projection**: after every optimizer step the parameters are clamped in place
-(``HeadScaleLM.optimizer_step``), so the next forward and AdamW both continue from the bound, whatever the
-lr (a step to -1e3 lands on it): projected gradient descent. For lambda, the focus constraint lambda >= 1
-(paper Eq. 6); a parametrization was rejected: ``1 + softplus(theta)`` can never equal 1, so neither
-``init=default`` nor a head that wants the bound can be represented, and ``1 + theta^2`` has zero gradient
-at theta = 0, so ``init=default`` would never move. ``constraint=false`` (the ablation) keeps lambda >=
-``UNCONSTRAINED_FLOOR`` = 0.01: a temperature must stay positive (lambda = 0 is uniform attention, < 0
-inverts every head's preferences, and ``evaluate`` refuses such a table); the reference ablation clamps at
-0, which allows 0. For a, a >= 0: a negative slope is the same model as 0 (the max picks 1 everywhere), so
-the bound is part of the definition and has no ablation.
+(``HeadScaleLM.optimizer_step``), so the next forward and AdamW continue from the bound at any lr. For lambda,
+the focus constraint lambda >= 1 (paper Eq. 6); a parametrization was rejected (``1 + softplus(theta)`` never
+equals 1, ``1 + theta^2`` has no gradient at theta = 0, so ``init=default`` could not move). ``constraint=false``
+(the ablation) keeps lambda >= ``UNCONSTRAINED_FLOOR`` = 0.01, a positive temperature (the reference clamps at
+0; lambda <= 0 is uniform or inverted attention, which ``evaluate`` refuses). For a, a >= 0: a negative slope is
+the same model as 0, so that bound has no ablation.
 
-Logged (MLflow run tagged ``stage=headscale``, nested under ``tracking.parent_run_id``): the config,
-``train/loss``, ``train/lr``, ``headscale/lambda_{mean,min,max}`` (``headscale/a_…`` for log) per step,
-``val/len{T}/loss`` and ``…/ppl`` (every ``trainer.val_every_n_steps``; 0: at the end); artifacts
-``headscale/lambda.safetensors`` + ``.json`` (``evaluate extension.temperature.table=runs:/<id>/headscale/
-lambda.safetensors``), ``headscale/log_scale.*`` (``extension.temperature.log_slope_table=…``) or
-``headscale/lambda_past.*`` (``extension.temperature.table=… extension.temperature.past_only=true``; its
-metadata says ``past_only``, and evaluate refuses it without),
-``headscale.json`` (table, init, constraint, final val loss, entropies) and ``plots/entropy_vs_lambda.png``
-(Fig 5).
+Logged (MLflow run tagged ``stage=headscale``, under ``tracking.parent_run_id``): the config, ``train/loss``,
+``train/lr``, ``headscale/lambda_{mean,min,max}`` (``headscale/a_…``) per step, ``val/len{T}/loss`` and ``…/ppl``;
+artifacts ``headscale/lambda.safetensors`` + ``.json`` (``evaluate extension.temperature.table=runs:/<id>/…``),
+``headscale/log_scale.*`` (``extension.temperature.log_slope_table=…``) or ``headscale/lambda_past.*`` (with
+``extension.temperature.past_only=true``, which its metadata demands), ``headscale.json`` (table, init,
+constraint, final val loss, entropies) and ``plots/entropy_vs_lambda.png`` (Fig 5).
 
-Resume: ``out_dir`` (default ``mlruns/checkpoints/headscale/<name>``) holds ``checkpoints/`` (``step*.ckpt``
-every ``trainer.checkpoint_every_n_steps`` and ``last.ckpt``), ``config.yaml`` and ``mlflow_run_id``. A
-checkpoint holds the trained scalars, their AdamW state and the loop state, not the frozen weights (the
-export has them): kilobytes at any model size. A rerun of a killed run with the same config continues its
-MLflow run from ``last.ckpt`` and ends with bit-identical values.
-
-Strategies: one device and DDP skip every weight gradient. FSDP1 (GPU) with ``use_orig_params=True``
-flattens each block's frozen weights with its trained scalars into one flat parameter that requires grad,
-so torch computes (and discards) the frozen weights' gradients there.
+Resume: ``out_dir`` (default ``mlruns/checkpoints/headscale/<name>``) holds ``checkpoints/``, ``config.yaml`` and
+``mlflow_run_id``; a checkpoint holds the scalars, their AdamW state and the loop state (kilobytes at any model
+size), and a rerun of a killed run continues its MLflow run and ends with bit-identical values.
 """
 
 from __future__ import annotations
