@@ -67,3 +67,23 @@ def test_a_card_is_checked(tmp_path):
     readme.write_text("# A study without a card\n")
     with pytest.raises(ValueError, match="no front matter"):
         read_card(readme)
+
+
+def test_the_seed_count_says_how_many_of_the_files_seeds_have_committed_results(tmp_path):
+    import json
+
+    from nope_lightning.results.studies import read_study
+
+    folder = tmp_path / "study"
+    (folder / "results/results").mkdir(parents=True)
+    (folder / "README.md").write_text("---\nquestion: Does it?\n---\n")
+    (folder / "a.yaml").write_text("name: a\nseeds: [1, 2]\nsteps: [{id: e, stage: evaluate}]\n")
+    (folder / "b.yaml").write_text("extends: a.yaml\nname: b\nseeds: [3]\n")
+    assert read_study(folder).seed_count() == "3"  # no results yet: the files' seeds
+    (folder / "results/report.md").write_text("# report\n")
+    entries = [{"file": f"x{i}", "run_name": "r", "tags": tags}
+               for i, tags in enumerate([{"method": "nope", "seed": "1"}, {"method": "nope", "seed": "2"},
+                                         {"method": "nope", "seed": "2"}, {"method": "rope"}])]
+    (folder / "results/results/index.json").write_text(json.dumps({"results": entries}))
+    study = read_study(folder)
+    assert (study.seeds, study.reported_seeds, study.seed_count()) == ((1, 2, 3), (1, 2), "2 of 3")

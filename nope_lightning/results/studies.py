@@ -10,6 +10,7 @@ their seeds (each file's ``seeds``), and whether results are committed (``result
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +88,22 @@ class Study:
         return tuple(sorted({seed for f in self.files for seed in f.seeds}))
 
     @property
+    def reported_seeds(self) -> tuple[int, ...]:
+        """The seeds the committed bundle holds results of (its index's ``seed`` tags), sorted; () without one."""
+        index = self.folder / "results/results/index.json"
+        if not index.is_file():
+            return ()
+        entries = json.loads(index.read_text())["results"]
+        return tuple(sorted({int(e["tags"]["seed"]) for e in entries if "seed" in e["tags"]}))
+
+    def seed_count(self) -> str:
+        """``4 of 8`` while the committed results hold fewer seeds than the files run, else the count (— for none)."""
+        reported, planned = len(self.reported_seeds), len(self.seeds)
+        if self.status == "results + bundle" and reported != planned:
+            return f"{reported} of {planned}"
+        return str(planned or "—")
+
+    @property
     def status(self) -> str:
         """``results + bundle``, ``results`` (a report without a bundle: it cannot be regenerated) or
         ``no results``."""
@@ -141,7 +158,8 @@ def listing(studies: list[Study]) -> str:
     """``nope-lightning studies``: per study its status and time, its question, then one line per file."""
     blocks = []
     for study in studies:
-        lines = [f"{study.name}  [{study.status}]  {study.card.time_line()}", f"  {study.card.question}"]
+        lines = [f"{study.name}  [{study.status}, seeds {study.seed_count()}]  {study.card.time_line()}",
+                 f"  {study.card.question}"]
         lines += [f"  {f.path}  seeds: {', '.join(map(str, f.seeds)) or 'none (the stages own)'}"
                   for f in study.files]
         lines += [f"  {script}  (script)" for script in study.scripts]
@@ -150,9 +168,9 @@ def listing(studies: list[Study]) -> str:
 
 
 def results_table(studies: list[Study], base: str = "experiments") -> str:
-    """The front door's results table: one row per study (question, number of seeds, status, verdict counts,
-    wall clock), each linking its README under ``base``."""
+    """The front door's results table: one row per study (question, number of seeds: with results of those the
+    files run, status, verdict counts, wall clock), each linking its README under ``base``."""
     rows = ["| study | question | seeds | status | verdicts | wall clock |", "|---|---|---|---|---|---|"]
-    rows += [f"| [{s.name}]({base}/{s.name}/README.md) | {s.card.question} | {len(s.seeds) or '—'} | {s.status} "
+    rows += [f"| [{s.name}]({base}/{s.name}/README.md) | {s.card.question} | {s.seed_count()} | {s.status} "
              f"| {s.card.verdict_line()} | {s.card.time_line()} |" for s in studies]
     return "\n".join(rows)
