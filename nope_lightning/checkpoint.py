@@ -24,12 +24,12 @@ from omegaconf import OmegaConf
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from nope_lightning import tracking as tr
 from nope_lightning.config.core import load_config, to_yaml
 from nope_lightning.config.parts import AttentionTemperature, RopeScalingConfig, TrackingConfig
 from nope_lightning.config.stages import PretrainConfig
 from nope_lightning.model.gpt import GPT
 from nope_lightning.model.temperature import apply_settings
+from nope_lightning.runtime import tracking as tr
 
 WEIGHTS, CONFIG, TOKENIZER, META = "model.safetensors", "config.yaml", "tokenizer.json", "meta.json"
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import yaml
 
-from nope_lightning import quiet
 from nope_lightning.config.core import to_yaml
 from nope_lightning.pipeline.registry import STAGES, run_stage, stage_config
+from nope_lightning.runtime import quiet
 
 DESCRIPTION = "Length generalization without position encoding (NoPE): pretraining, temperature search, " \
               "HeadScale, RoPE/ALiBi baselines, evaluation and reports."

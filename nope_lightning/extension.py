@@ -16,11 +16,11 @@ import dataclasses
 import math
 from pathlib import Path
 
-from nope_lightning import tracking
 from nope_lightning.checkpoint import LoadedModel, load_model, resolve_reference, weights_fingerprint
 from nope_lightning.config.parts import AttentionTemperature, TrackingConfig
 from nope_lightning.config.stages import ExtensionConfig
 from nope_lightning.results.search import ScaleSearchResult
+from nope_lightning.runtime import tracking
 
 #: The ``units`` of a scale-search over iRoPE's beta (``parameter=irope_beta``): its "lambda" entries are betas,
 #: so ``scale_search_for`` refuses it wherever a lambda or its fit a is read.

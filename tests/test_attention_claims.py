@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from nope_lightning import tracking
 from nope_lightning.analysis.attention_claims import (
     FLOOR,
     T5_CLOSEST,
@@ -27,6 +26,7 @@ from nope_lightning.analysis.synthetic_claims import claims_table
 from nope_lightning.config import load_config
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
 from nope_lightning.results.synthetic import SeedAttention, SyntheticGridResult, TaskAttention
+from nope_lightning.runtime import tracking
 from nope_lightning.stages import synthetic as stage
 from nope_lightning.stages import synthetic_grid
 from nope_lightning.synthetic.analysis import (

@@ -50,7 +50,7 @@ def test_tiny_pipeline_stdout_is_the_json_result_and_stderr_is_clean(tmp_path, d
 
 
 def _telemetry_disabled(env: dict[str, str], install: bool) -> bool:
-    code = ("from nope_lightning import quiet\n" + ("quiet.install()\n" if install else "")
+    code = ("from nope_lightning.runtime import quiet\n" + ("quiet.install()\n" if install else "")
             + "from mlflow.telemetry.utils import is_telemetry_disabled\nprint(is_telemetry_disabled())")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -27,7 +27,7 @@ from nope_lightning.eval.perplexity import (
 from nope_lightning.model import GPT
 from nope_lightning.model.probes import attention_probs
 from nope_lightning.pipeline.registry import run_stage, stage_config
-from nope_lightning.tracking import download
+from nope_lightning.runtime.tracking import download
 
 VOCAB, L, S = 61, 12, 4
 
@@ -219,7 +219,7 @@ def test_a_folder_corpus_is_a_whole_test_set_with_a_valid_metric_name(evaluated,
 
 
 def test_results_survive_a_tracking_failure_and_a_rerun_logs_them(evaluated, monkeypatch):
-    from nope_lightning import tracking
+    from nope_lightning.runtime import tracking
 
     overrides = [*evaluated["overrides"], "passkey_keys=0", "longctx_samples=0", "entropy=false",
                  "position_windows=0", "eval_lengths=[64]", "name=survivor", "plots=false"]

@@ -18,7 +18,6 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from mlflow.tracking import MlflowClient
 
-from nope_lightning import tracking
 from nope_lightning.checkpoint import load_model
 from nope_lightning.config import (
     AttentionTemperature,
@@ -31,6 +30,7 @@ from nope_lightning.config import (
 from nope_lightning.extension import load_extended
 from nope_lightning.model import count_parameters, set_temperatures, temperatures
 from nope_lightning.results import HeadScaleResult
+from nope_lightning.runtime import tracking
 from nope_lightning.stages import headscale
 from nope_lightning.stages.headscale_search import run as run_search
 from tests.conftest import REPO

@@ -25,8 +25,8 @@ from nope_lightning.model import GPT, set_temperatures, temperatures
 from nope_lightning.model.probes import attention_probs
 from nope_lightning.model.temperature import PER_HEAD_PAST, save_table, set_past_only, train_only
 from nope_lightning.results import HeadScaleResult
+from nope_lightning.runtime.tracking import download
 from nope_lightning.stages import headscale
-from nope_lightning.tracking import download
 from tests.test_headscale import TARGET, Recorder, config
 from tests.test_position_temperature import (
     HS,

@@ -325,7 +325,7 @@ def test_headscale_log_stage_trains_slopes_that_evaluate_reloads(tiny_pretrained
     gives the trained model's logits exactly, which equal the plain model's up to train_len."""
     from lightning.pytorch.callbacks import Callback
 
-    from nope_lightning import tracking
+    from nope_lightning.runtime import tracking
     from nope_lightning.stages import headscale
 
     class Recorder(Callback):

@@ -20,9 +20,10 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from nope_lightning import cli, tracking
+from nope_lightning import cli
 from nope_lightning.checkpoint import torch_load
 from nope_lightning.config import HeadScaleConfig, TrackingConfig, load_config
+from nope_lightning.runtime import tracking
 from tests.conftest import REPO
 
 TINY_PRETRAIN = str(REPO / "conf/pretrain/tiny.yaml")
@@ -276,7 +277,7 @@ def test_download_folders_are_removed_with_their_process(tiny_pretrained, tmp_pa
     orphan = Path(tempfile.gettempdir()) / "nope_lightning_999999999_x"  # a folder of a process that died
     orphan.mkdir(exist_ok=True)
     proc = python(f"""
-        from nope_lightning import tracking
+        from nope_lightning.runtime import tracking
         from nope_lightning.config import TrackingConfig
         cfg = TrackingConfig(uri={store['tracking.uri']!r}, artifact_root={store['tracking.artifact_root']!r})
         print(tracking.download(cfg, {run_id!r}, "model"))

@@ -179,7 +179,7 @@ def test_a_degenerate_ablation_is_noted_and_an_edge_optimum_flagged():
 
 
 def test_study_names_are_readable_and_stable():
-    from nope_lightning.search import study_name
+    from nope_lightning.runtime.search import study_name
 
     settings = {"model": "abc", "targets": [256, 512], "grid": [0.8, 1.0]}
     name = study_name("pretrain-nope-kjv-L128", "scale-search L128->256,512 grid lambda 0.8-1", settings)

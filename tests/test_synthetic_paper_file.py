@@ -10,12 +10,12 @@ import sys
 import numpy as np
 import pytest
 
-from nope_lightning import tracking
 from nope_lightning.config.core import load_config
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.synthetic import PAPER_PES, SyntheticConfig
 from nope_lightning.model.gpt import non_embedding_parameters
 from nope_lightning.pipeline.registry import run_stage, stage_config
+from nope_lightning.runtime import tracking
 from nope_lightning.synthetic import TASKS, make_split
 from tests.conftest import REPO
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nope_lightning import tracking
 from nope_lightning.analysis.sources import pipeline_runs
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.synthetic import SyntheticConfig
@@ -19,6 +18,7 @@ from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.pipeline.runkey import RunKey
 from nope_lightning.pipeline.steps import expand, step_config, step_hash
 from nope_lightning.results.synthetic import SyntheticGridResult
+from nope_lightning.runtime import tracking
 from nope_lightning.stages import synthetic_grid
 from tests.conftest import REPO
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nope_lightning import tracking
 from nope_lightning.config import load_config
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.synthetic import SyntheticGridConfig
 from nope_lightning.results.synthetic import SeedAttention, SyntheticGridResult, TaskAttention
+from nope_lightning.runtime import tracking
 from nope_lightning.stages import synthetic_grid
 from tests.conftest import REPO
 

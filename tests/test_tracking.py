@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from nope_lightning import tracking
 from nope_lightning.config import TrackingConfig
+from nope_lightning.runtime import tracking
 
 
 def store(tmp_path, experiment: str = "nope_lightning") -> TrackingConfig:

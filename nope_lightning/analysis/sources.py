@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from nope_lightning import tracking
 from nope_lightning.analysis import tables
 from nope_lightning.analysis.report_sections import RECIPE_KEYS
 from nope_lightning.config.core import load_config
@@ -23,6 +22,7 @@ from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
 from nope_lightning.pipeline.runkey import RunKey
 from nope_lightning.results.bundle import STAGE_RESULTS, Bundle, Placed, Recipe
 from nope_lightning.results.core import ResultFile
+from nope_lightning.runtime import tracking
 
 
 @dataclass

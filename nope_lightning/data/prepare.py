@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from nope_lightning.config.parts import DataConfig
 from nope_lightning.data.corpus import Document, corpus_sources, load_documents, split_documents
 from nope_lightning.data.tokenizer import TextTokenizer
-from nope_lightning.locks import file_lock
+from nope_lightning.runtime.locks import file_lock
 
 log = logging.getLogger(__name__)
 

@@ -46,12 +46,12 @@ from lm_eval.utils import (
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from nope_lightning import quiet
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.stages import ExtensionConfig
 from nope_lightning.data.tokenizer import TextTokenizer
 from nope_lightning.eval.generate import greedy_generate, length_dependent
 from nope_lightning.extension import load_extended
+from nope_lightning.runtime import quiet
 
 #: Generation settings that only matter when sampling: under greedy decoding they change nothing, and
 #: Hugging Face's ``generate`` (which HFLM calls) ignores them there too.

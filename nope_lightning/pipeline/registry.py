@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nope_lightning.config.core import load_config
-from nope_lightning.tracking import check_store
+from nope_lightning.runtime.tracking import check_store
 
 
 @dataclass(frozen=True)

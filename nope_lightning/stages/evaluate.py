@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from nope_lightning import tracking
 from nope_lightning.analysis import plots
 from nope_lightning.checkpoint import LoadedModel
 from nope_lightning.config.core import to_dict
@@ -45,6 +44,7 @@ from nope_lightning.eval.perplexity import (
 from nope_lightning.extension import extension_label, load_extended
 from nope_lightning.model.temperature import temperatures, tuning_len
 from nope_lightning.results.evaluation import EvaluationResult
+from nope_lightning.runtime import tracking
 from nope_lightning.training.trainer import build_trainer, check_strategy
 
 

@@ -51,7 +51,6 @@ from typing import Any
 import torch
 from lightning.pytorch import seed_everything
 
-from nope_lightning import tracking
 from nope_lightning.analysis import plots
 from nope_lightning.checkpoint import LoadedModel, load_model
 from nope_lightning.config.parts import OptimConfig
@@ -76,6 +75,7 @@ from nope_lightning.model.temperature import (
 )
 from nope_lightning.results.headscale import ConvergedEntropy, HeadScaleResult
 from nope_lightning.results.search import ScaleSearchResult
+from nope_lightning.runtime import tracking
 from nope_lightning.training.budget import check_target_len
 from nope_lightning.training.module import (
     CausalLM,

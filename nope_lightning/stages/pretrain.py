@@ -13,13 +13,13 @@ from typing import Any
 
 from lightning.pytorch import seed_everything
 
-from nope_lightning import tracking
 from nope_lightning.checkpoint import export_model
 from nope_lightning.config.stages import PretrainConfig
 from nope_lightning.data.datamodule import PackedDataModule
 from nope_lightning.data.prepare import prepare
 from nope_lightning.data.retrieval import recipe_mix
 from nope_lightning.model.gpt import GPT, count_parameters, non_embedding_parameters
+from nope_lightning.runtime import tracking
 from nope_lightning.training.budget import default_name, output_dir, training_tokens, with_budget
 from nope_lightning.training.module import CausalLM, trained_model
 from nope_lightning.training.trainer import ResumableFit, check_strategy, fit_result_keys, resumable_fit

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from nope_lightning import tracking
 from nope_lightning.analysis import (
     attention_claims,
     claims,
@@ -40,6 +39,7 @@ from nope_lightning.analysis.stats import t_interval
 from nope_lightning.config.pipeline import ReportConfig
 from nope_lightning.results.bundle import Bundle
 from nope_lightning.results.evaluation import Curve, EvaluationResult
+from nope_lightning.runtime import tracking
 
 
 def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int,

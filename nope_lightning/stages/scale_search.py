@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 import optuna
 
-from nope_lightning import tracking
 from nope_lightning.analysis import plots
 from nope_lightning.analysis.log_law import best_on_grid, fit_log_scale, position_fit_units
 from nope_lightning.analysis.stats import blocks, bootstrap
@@ -49,7 +48,8 @@ from nope_lightning.results.search import (
     SearchTrial,
     SelectionIntervals,
 )
-from nope_lightning.search import model_label, open_study, study_name
+from nope_lightning.runtime import tracking
+from nope_lightning.runtime.search import model_label, open_study, study_name
 from nope_lightning.training.budget import check_target_len
 
 

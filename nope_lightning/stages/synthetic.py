@@ -37,12 +37,12 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric
 
-from nope_lightning import tracking
 from nope_lightning.config.parts import ModelConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, sequence_tokens
 from nope_lightning.eval.generate import greedy_decode
 from nope_lightning.model.gpt import GPT, count_parameters
 from nope_lightning.results.synthetic import BucketAccuracy, Failure, SyntheticCell, problems_digest
+from nope_lightning.runtime import tracking
 from nope_lightning.synthetic import Example, Vocabulary, analysis, exact_match, length_bucket, make_split
 from nope_lightning.training.module import CausalLM, lm_loss
 from nope_lightning.training.trainer import build_trainer, check_strategy

@@ -30,11 +30,11 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from nope_lightning import tracking
 from nope_lightning.config.parts import TrackingConfig, TrainerConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, SyntheticGridConfig
 from nope_lightning.model.gpt import GPT
 from nope_lightning.results.synthetic import SeedAttention, SyntheticCell, SyntheticGridResult, TaskAttention
+from nope_lightning.runtime import tracking
 from nope_lightning.stages.synthetic import (
     SyntheticData,
     Trained,

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from nope_lightning.locks import file_lock
+from nope_lightning.runtime.locks import file_lock
 
 DEFAULT_STORAGE = "sqlite:///mlruns/optuna.db"
 #: System attribute of a trial that ``open_study`` found left RUNNING by a dead process.

@@ -27,7 +27,7 @@ from typing import Any
 
 from nope_lightning.config.core import flatten, to_dict, to_yaml
 from nope_lightning.config.parts import TrackingConfig
-from nope_lightning.locks import file_lock
+from nope_lightning.runtime.locks import file_lock
 
 PARENT_TAG = "mlflow.parentRunId"
 OWNER_TAG = "nope_lightning.owner"
