@@ -26,11 +26,11 @@ from nope_lightning.analysis.claims import (
 from nope_lightning.analysis.inflection import inflection
 from nope_lightning.analysis.paper import CLAIMS_BY_ID, Claim, Precondition
 from nope_lightning.analysis.report_sections import changed_rules_section, claims_table, retrieval_line
-from nope_lightning.analysis.stats import Interval, t_interval
 from nope_lightning.analysis.tables import BIASED, BIASED_NOTE, paired_table
 from nope_lightning.config import pipeline as pipeline_config
 from nope_lightning.config.core import load_config
 from nope_lightning.config.pipeline import PipelineConfig, PipelineStep
+from nope_lightning.numerics.stats import Interval, t_interval
 from nope_lightning.results import EvaluationResult, HeadScaleResult, ScaleSearchResult
 
 L, S, WINDOWS = 128, 64, 400

@@ -10,7 +10,6 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from mlflow.tracking import MlflowClient
 
-from nope_lightning.checkpoint import load_model
 from nope_lightning.config import (
     EvaluateConfig,
     FinetuneConfig,
@@ -19,7 +18,8 @@ from nope_lightning.config import (
     TrackingConfig,
     load_config,
 )
-from nope_lightning.extension import load_extended
+from nope_lightning.model.checkpoint import load_model
+from nope_lightning.model.extension import load_extended
 from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.stages import finetune
 from nope_lightning.training import trainer as trainer_module

@@ -16,9 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from nope_lightning.checkpoint import WEIGHTS, load_model
 from nope_lightning.config import TrackingConfig, TrainerConfig
 from nope_lightning.model import GPT
+from nope_lightning.model.checkpoint import WEIGHTS, load_model
 from nope_lightning.training.trainer import check_strategy
 from tests.conftest import REPO
 

@@ -18,7 +18,6 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from mlflow.tracking import MlflowClient
 
-from nope_lightning.checkpoint import load_model
 from nope_lightning.config import (
     AttentionTemperature,
     ExtensionConfig,
@@ -27,8 +26,9 @@ from nope_lightning.config import (
     TrackingConfig,
     load_config,
 )
-from nope_lightning.extension import load_extended
 from nope_lightning.model import count_parameters, set_temperatures, temperatures
+from nope_lightning.model.checkpoint import load_model
+from nope_lightning.model.extension import load_extended
 from nope_lightning.results import HeadScaleResult
 from nope_lightning.runtime import tracking
 from nope_lightning.stages import headscale

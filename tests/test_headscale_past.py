@@ -12,7 +12,6 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from nope_lightning.checkpoint import export_model, load_model
 from nope_lightning.config import (
     AttentionTemperature,
     ExtensionConfig,
@@ -20,8 +19,9 @@ from nope_lightning.config import (
     PretrainConfig,
     TrackingConfig,
 )
-from nope_lightning.extension import extension_label, load_extended
 from nope_lightning.model import GPT, set_temperatures, temperatures
+from nope_lightning.model.checkpoint import export_model, load_model
+from nope_lightning.model.extension import extension_label, load_extended
 from nope_lightning.model.probes import attention_probs
 from nope_lightning.model.temperature import PER_HEAD_PAST, save_table, set_past_only, train_only
 from nope_lightning.results import HeadScaleResult

@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from nope_lightning.checkpoint import export_model, load_model
 from nope_lightning.config import (
     AttentionTemperature,
     ExtensionConfig,
@@ -20,10 +19,11 @@ from nope_lightning.config import (
 from nope_lightning.config.core import load_config
 from nope_lightning.eval.entropy import mask_bias
 from nope_lightning.eval.generate import greedy_decode
-from nope_lightning.extension import extension_label, load_extended
-from nope_lightning.metrics import attention_entropy_from_qk
 from nope_lightning.model import GPT, count_parameters
+from nope_lightning.model.checkpoint import export_model, load_model
+from nope_lightning.model.extension import extension_label, load_extended
 from nope_lightning.model.probes import attention_logits, attention_probe, attention_probs
+from nope_lightning.numerics.metrics import attention_entropy_from_qk
 from nope_lightning.stages.headscale import LAMBDA, freeze_for_headscale
 
 VOCAB = 61

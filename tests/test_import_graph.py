@@ -198,14 +198,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "nope_lightning.synthetic.core", "nope_lightning.synthetic.tasks", "nope_lightning.synthetic.scan",
      "nope_lightning.synthetic.pcfg", "nope_lightning.synthetic.algorithmic", "nope_lightning.synthetic.sequence",
      "nope_lightning.synthetic.scratchpad", "nope_lightning.synthetic.vocab", "nope_lightning.synthetic",
-     "nope_lightning.runtime", "nope_lightning.runtime.locks", "nope_lightning.runtime.progress", "nope_lightning.runtime.quiet", "nope_lightning.metrics",
+     "nope_lightning.runtime", "nope_lightning.numerics", "nope_lightning.runtime.locks", "nope_lightning.runtime.progress", "nope_lightning.runtime.quiet", "nope_lightning.numerics.metrics",
      "nope_lightning.runtime.search", "nope_lightning.pipeline.runkey", "nope_lightning.analysis.markdown",
      "nope_lightning.analysis.log_law", "nope_lightning.data.fetch", "nope_lightning.data.tokenizer"),
     # 2. building blocks: the model, the data, the store and the stage registry, statistics
     ("nope_lightning.model", "nope_lightning.data", "nope_lightning.runtime.tracking", "nope_lightning.pipeline.registry",
-     "nope_lightning.analysis.stats", "nope_lightning.eval.generate", "nope_lightning.eval.longbench_metrics"),
+     "nope_lightning.numerics.stats", "nope_lightning.eval.generate", "nope_lightning.eval.longbench_metrics"),
     # 3. checkpoints and training
-    ("nope_lightning.checkpoint", "nope_lightning.training", "nope_lightning.extension"),
+    ("nope_lightning.model.checkpoint", "nope_lightning.training", "nope_lightning.model.extension"),
     # 4. measurement
     ("nope_lightning.eval", "nope_lightning.synthetic.analysis"),
     # 5. the study's analysis

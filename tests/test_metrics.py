@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.text import Perplexity
 
-from nope_lightning.metrics import (
+from nope_lightning.numerics.metrics import (
     AttentionEntropy,
     WindowSums,
     attention_entropy_from_qk,

@@ -13,7 +13,6 @@ import yaml
 from litgpt.model import apply_rope
 from safetensors.torch import load_file, save_file
 
-from nope_lightning.checkpoint import export_model, load_model
 from nope_lightning.config import (
     AttentionTemperature,
     ExtensionConfig,
@@ -23,8 +22,9 @@ from nope_lightning.config import (
     TrackingConfig,
     load_config,
 )
-from nope_lightning.extension import extension_label, fitted_slope, load_extended
 from nope_lightning.model import GPT, set_temperatures
+from nope_lightning.model.checkpoint import export_model, load_model
+from nope_lightning.model.extension import extension_label, fitted_slope, load_extended
 from nope_lightning.model.probes import attention_probs
 from nope_lightning.model.temperature import (
     LOG_SLOPE,

@@ -17,8 +17,8 @@ from lightning.pytorch.callbacks import Callback
 from safetensors.torch import load_file
 
 from nope_lightning import cli
-from nope_lightning.checkpoint import load_model
 from nope_lightning.config import PretrainConfig, TrackingConfig
+from nope_lightning.model.checkpoint import load_model
 from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.training import trainer as trainer_module
 from nope_lightning.training.budget import default_name
@@ -149,8 +149,8 @@ def test_corrupt_or_mismatched_export_is_rejected(overrides, tmp_path):
     export = Path(result["model"])
     tracking = TrackingConfig(uri=overrides[0].split("=", 1)[1])
     with pytest.raises(ValueError, match="does not match"):
-        from nope_lightning.checkpoint import load_weights
         from nope_lightning.model import GPT
+        from nope_lightning.model.checkpoint import load_weights
 
         other = GPT(tiny_config(overrides, "model.n_embd=32").model, 512, 64)
         load_weights(other, export / "model.safetensors")

@@ -21,8 +21,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from nope_lightning import cli
-from nope_lightning.checkpoint import torch_load
 from nope_lightning.config import HeadScaleConfig, TrackingConfig, load_config
+from nope_lightning.model.checkpoint import torch_load
 from nope_lightning.runtime import tracking
 from tests.conftest import REPO
 

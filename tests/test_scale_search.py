@@ -20,9 +20,9 @@ import pytest
 
 from nope_lightning import cli
 from nope_lightning.analysis.log_law import fit_log_scale
-from nope_lightning.checkpoint import load_model
 from nope_lightning.config import TrackingConfig
-from nope_lightning.extension import BETA_UNITS, scale_search_for
+from nope_lightning.model.checkpoint import load_model
+from nope_lightning.model.extension import BETA_UNITS, scale_search_for
 from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.results.search import ScaleSearchResult
 from nope_lightning.runtime import tracking as tracking_store

@@ -13,7 +13,6 @@ from nope_lightning.analysis.claims import Outcome, evaluate_claim
 from nope_lightning.analysis.markdown import html_page
 from nope_lightning.analysis.paper import CLAIMS_BY_ID, TABLE4
 from nope_lightning.analysis.report_sections import RECIPE_KEYS, claims_table, recipe_section, search_section
-from nope_lightning.analysis.stats import Interval, prediction_interval, t_interval, wilson
 from nope_lightning.analysis.tables import (
     MISSING,
     Methods,
@@ -24,6 +23,7 @@ from nope_lightning.analysis.tables import (
 )
 from nope_lightning.config import PipelineConfig, PipelineStep, ScaleSearchConfig, load_config
 from nope_lightning.eval.summary import octaves
+from nope_lightning.numerics.stats import Interval, prediction_interval, t_interval, wilson
 from nope_lightning.results import EvaluationResult, ScaleSearchResult
 from nope_lightning.results.bundle import Recipe
 from nope_lightning.stages.scale_search import trial_config

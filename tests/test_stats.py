@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from nope_lightning.analysis.stats import (
+from nope_lightning.numerics.stats import (
     MIN_RESAMPLES,
     UNIT,
     Interval,

@@ -33,7 +33,7 @@ import torch
 def _peak_growth(kind: str, T: int, heads: int, head_size: int, chunk: int, queue) -> None:
     """In a child process: peak RSS growth (MiB) of one entropy computation over (1, H, T, d) inputs."""
     torch.set_num_threads(1)
-    from nope_lightning.metrics import attention_entropy_from_qk
+    from nope_lightning.numerics.metrics import attention_entropy_from_qk
 
     q, k = torch.randn(1, heads, T, head_size), torch.randn(1, heads, T, head_size)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -60,9 +60,9 @@ def peak_memory(kind: str, T: int, heads: int, head_size: int, chunk: int) -> fl
 def throughput(T: int, batch: int, repeats: int = 3) -> tuple[float, float]:
     """tokens/s of the small model's scoring forward, without and with the entropy probe (best of repeats)."""
     from nope_lightning.config import ModelConfig
-    from nope_lightning.metrics import AttentionEntropy, attention_entropy_from_qk
     from nope_lightning.model import GPT
     from nope_lightning.model.probes import attention_probe
+    from nope_lightning.numerics.metrics import AttentionEntropy, attention_entropy_from_qk
 
     cfg = ModelConfig()
     model = GPT(cfg, 2048, 256).eval()

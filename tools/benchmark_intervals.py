@@ -6,7 +6,7 @@
 Scores ``--windows`` windows per stride at 1x, 2x, 4x, 8x the model's train_len on the test split, with the
 evaluate stage's own windows (every length ends on the same target tokens, ``eval.perplexity.target_ends``),
 then bootstraps evenly spaced subsets of 1/8, 1/4, 1/2 and all of them, with evaluate's blocks of windows
-(``eval.summary.block_size``). Prints one JSON line per (stride, subset): scored tokens, tokens of forward pass
+(``numerics.stats.block_size``). Prints one JSON line per (stride, subset): scored tokens, tokens of forward pass
 per length (the cost), and the half-widths in nats.
 """
 
@@ -18,12 +18,11 @@ import json
 import numpy as np
 import torch
 
-from nope_lightning.analysis.stats import blocks, bootstrap
-from nope_lightning.checkpoint import load_model
 from nope_lightning.config import TrackingConfig
 from nope_lightning.data import TextTokenizer
 from nope_lightning.eval.perplexity import scoring_windows, split_documents_of, spread, target_ends
-from nope_lightning.eval.summary import block_size
+from nope_lightning.model.checkpoint import load_model
+from nope_lightning.numerics.stats import block_size, blocks, bootstrap
 
 
 @torch.no_grad()

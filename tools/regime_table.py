@@ -20,7 +20,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from nope_lightning.analysis.stats import t_interval
+from nope_lightning.numerics.stats import t_interval
 
 STEP = re.compile(r"(\w+)\[(.*)\]$")
 

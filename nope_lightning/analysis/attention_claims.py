@@ -40,10 +40,10 @@ import numpy as np
 from nope_lightning.analysis.claim_tests import NotMeasured
 from nope_lightning.analysis.claims import verdict
 from nope_lightning.analysis.markdown import render
-from nope_lightning.analysis.stats import Interval, prediction_interval, t_interval
 from nope_lightning.analysis.synthetic_claims import EXPLICIT, NONE, SyntheticClaim, SyntheticOutcome
 from nope_lightning.analysis.tables import MISSING, cell
 from nope_lightning.config.synthetic import PAPER_NAMES
+from nope_lightning.numerics.stats import Interval, prediction_interval, t_interval
 from nope_lightning.results.synthetic import SyntheticGridResult
 
 JSD_RANGE = (0.0, math.log(2))  # nats: where a JSD lies, so its t interval is clipped to it

@@ -42,7 +42,7 @@ from nope_lightning.analysis.claim_tests import (
 )
 from nope_lightning.analysis.inflection import inflected
 from nope_lightning.analysis.paper import RETRIEVAL_LEARNED, Claim, Precondition
-from nope_lightning.analysis.stats import (
+from nope_lightning.numerics.stats import (
     ONE_SIDED,
     Interval,
     monotone_verdict,

@@ -17,9 +17,9 @@ import numpy as np
 from nope_lightning.analysis import plots
 from nope_lightning.analysis.claims import NotMeasured, Runs, measure
 from nope_lightning.analysis.paper import Claim
-from nope_lightning.analysis.stats import Interval
 from nope_lightning.analysis.tables import cell, markdown_table
 from nope_lightning.config.pipeline import SWEEP_ROLES
+from nope_lightning.numerics.stats import Interval
 
 #: What each point reports: (key, label, test, methods, multiples, exponentiate). The methods are roles
 #: (``SWEEP_ROLES``), which the sweep setting maps to step labels.

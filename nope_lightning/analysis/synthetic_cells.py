@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from nope_lightning.analysis.claim_tests import NotMeasured
-from nope_lightning.analysis.stats import Interval, bootstrap, wilson
+from nope_lightning.numerics.stats import Interval, bootstrap, wilson
 from nope_lightning.results.synthetic import SyntheticCell
 
 NONE, FULL = "none", "full"  # the scratchpad formats the claims read

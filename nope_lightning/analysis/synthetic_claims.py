@@ -46,7 +46,6 @@ import numpy as np
 from nope_lightning.analysis.claim_tests import NotMeasured
 from nope_lightning.analysis.claims import NO_SEED_VERDICT, Outcome, verdict
 from nope_lightning.analysis.paper import SYNTHETIC_MRR, Claim, Precondition
-from nope_lightning.analysis.stats import Interval, crossed_bootstrap, prediction_interval, t_interval
 from nope_lightning.analysis.synthetic_cells import (
     FULL,
     NONE,
@@ -58,6 +57,7 @@ from nope_lightning.analysis.synthetic_cells import (
 )
 from nope_lightning.analysis.tables import MISSING, cell, markdown_table
 from nope_lightning.config.synthetic import PAPER_NAMES
+from nope_lightning.numerics.stats import Interval, crossed_bootstrap, prediction_interval, t_interval
 from nope_lightning.results.synthetic import SyntheticCell
 from nope_lightning.synthetic.analysis import PaperMRR, mrr_with_ties, paper_mrr
 from nope_lightning.synthetic.sequence import COPY_REVERSE_TASKS

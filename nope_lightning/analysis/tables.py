@@ -22,8 +22,8 @@ import numpy as np
 from nope_lightning.analysis import markdown, paper
 from nope_lightning.analysis.claims import NotMeasured, Outcome, Runs, measure
 from nope_lightning.analysis.paper import Claim
-from nope_lightning.analysis.stats import UNIT, Interval, t_interval, wilson
 from nope_lightning.config.pipeline import PipelineConfig
+from nope_lightning.numerics.stats import UNIT, Interval, t_interval, wilson
 from nope_lightning.results.evaluation import Curve, EvaluationResult
 
 MISSING = "—"

@@ -55,7 +55,7 @@ class AttentionTemperature:
     most one of: ``log_slope`` a given a >= 0 (0: off); ``log_slope_table`` a per-head table of slopes (what
     HeadScale-log saves); ``log_slope_fit`` a scale-search run (id, ``runs:/<id>`` or its
     ``scale_search.json``) whose fit a to use. Under ``extension`` a table may also be
-    ``runs:/<run_id>/<artifact path>``, and ``nope_lightning.extension`` resolves both references for the
+    ``runs:/<run_id>/<artifact path>``, and ``nope_lightning.model.extension`` resolves both references for the
     evaluated model (the fit is refused when it was run on another model); under ``model`` the settings are
     resolved ones: local files and no fit.
 

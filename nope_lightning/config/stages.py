@@ -84,7 +84,7 @@ class ExtensionConfig:
     log-length slopes, iRoPE's ``irope_beta`` / ``irope_floor`` on the NoPE layers), tables as files or
     ``runs:/<run_id>/<artifact path>``; ``rope_scaling``: NTK /
     dynamic NTK / YaRN zero-shot (or PI/YaRN of a fine-tuned model) for RoPE models (``method=none`` keeps
-    the model's own); ``attention_backend``: sdpa or flash. ``nope_lightning.extension`` resolves it for one
+    the model's own); ``attention_backend``: sdpa or flash. ``nope_lightning.model.extension`` resolves it for one
     model.
     """
 

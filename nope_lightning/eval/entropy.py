@@ -7,11 +7,10 @@ import numpy as np
 import torch
 
 from nope_lightning.data.prepare import PreparedData
-from nope_lightning.metrics import attention_entropy_from_qk
 from nope_lightning.model.gpt import GPT
 from nope_lightning.model.probes import attention_probe
-
-CONVERGED_TAIL = 8  # "converged" entropy: mean over the last 1/8 of a window's positions
+from nope_lightning.numerics.metrics import attention_entropy_from_qk
+from nope_lightning.results.headscale import CONVERGED_TAIL
 
 
 def mask_bias(mask: torch.Tensor | None):

@@ -50,7 +50,7 @@ from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.stages import ExtensionConfig
 from nope_lightning.data.tokenizer import TextTokenizer
 from nope_lightning.eval.generate import greedy_generate, length_dependent
-from nope_lightning.extension import load_extended
+from nope_lightning.model.extension import load_extended
 from nope_lightning.runtime import quiet
 
 #: Generation settings that only matter when sampling: under greedy decoding they change nothing, and

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from nope_lightning.analysis.stats import wilson
 from nope_lightning.config.stages import EvaluateConfig
 from nope_lightning.data.passkey import PasskeyPromptBuilder, PasskeySample, make_passkey_samples
 from nope_lightning.eval.generate import greedy_generate
+from nope_lightning.numerics.stats import wilson
 from nope_lightning.results.passkey import PasskeyCell, PasskeyOutcome, PasskeyResults
 
 

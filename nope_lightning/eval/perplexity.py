@@ -31,9 +31,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from nope_lightning.data.corpus import BUILTIN_CORPORA, load_documents, split_documents
 from nope_lightning.eval.entropy import mask_bias
-from nope_lightning.metrics import AttentionEntropy, WindowSums, attention_entropy_from_qk, token_nll
 from nope_lightning.model.gpt import GPT
 from nope_lightning.model.probes import attention_probe
+from nope_lightning.numerics.metrics import AttentionEntropy, WindowSums, attention_entropy_from_qk, token_nll
 
 
 @dataclass(frozen=True)

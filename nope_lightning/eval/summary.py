@@ -16,18 +16,10 @@ import math
 import numpy as np
 import torch
 
-from nope_lightning.analysis.stats import Interval, blocks, bootstrap
 from nope_lightning.data.corpus import corpus_label
-from nope_lightning.metrics import AttentionEntropy, position_buckets
+from nope_lightning.numerics.metrics import AttentionEntropy, position_buckets
+from nope_lightning.numerics.stats import Interval, block_size, blocks, bootstrap
 from nope_lightning.results.evaluation import Curve, HeadEntropy, Perplexity, PositionCurves, ScoredWindows
-
-#: About this many resampling units per bootstrap: blocks of consecutive windows (never across documents) are
-#: made just long enough to leave ~128 of them, so neighbouring windows (the same passage) stay in one unit.
-BLOCK_UNITS = 128
-
-
-def block_size(windows: int) -> int:
-    return max(1, math.ceil(windows / BLOCK_UNITS))
 
 
 def mean_interval(rows: np.ndarray, groups: np.ndarray, resamples: int, seed: int) -> Interval:

@@ -11,6 +11,8 @@ from typing import Any
 
 from nope_lightning.results.core import ResultFile
 
+CONVERGED_TAIL = 8  # "converged" entropy: mean over the last 1/8 of a window's positions
+
 
 @dataclass(frozen=True)
 class ConvergedEntropy:

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from nope_lightning.analysis import plots
-from nope_lightning.checkpoint import LoadedModel
 from nope_lightning.config.core import to_dict
 from nope_lightning.config.stages import EvaluateConfig
 from nope_lightning.data.corpus import corpus_label
@@ -41,7 +40,8 @@ from nope_lightning.eval.perplexity import (
     target_ends,
     tiled_windows,
 )
-from nope_lightning.extension import extension_label, load_extended
+from nope_lightning.model.checkpoint import LoadedModel
+from nope_lightning.model.extension import extension_label, load_extended
 from nope_lightning.model.temperature import temperatures, tuning_len
 from nope_lightning.results.evaluation import EvaluationResult
 from nope_lightning.runtime import tracking

@@ -23,13 +23,13 @@ from typing import Any
 
 from lightning.pytorch import Trainer, seed_everything
 
-from nope_lightning.checkpoint import CONFIG, LoadedModel, export_model, load_model, resolve_reference
 from nope_lightning.config.core import load_config
 from nope_lightning.config.parts import RopeScalingConfig
 from nope_lightning.config.stages import FinetuneConfig, PretrainConfig
 from nope_lightning.data.datamodule import PackedDataModule
 from nope_lightning.data.prepare import PreparedData, prepare
 from nope_lightning.data.retrieval import recipe_mix
+from nope_lightning.model.checkpoint import CONFIG, LoadedModel, export_model, load_model, resolve_reference
 from nope_lightning.runtime import tracking
 from nope_lightning.training.budget import check_rope_model, check_target_len
 from nope_lightning.training.module import CausalLM, check_tokenizer, trained_model

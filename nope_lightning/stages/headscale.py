@@ -52,14 +52,14 @@ import torch
 from lightning.pytorch import seed_everything
 
 from nope_lightning.analysis import plots
-from nope_lightning.checkpoint import LoadedModel, load_model
 from nope_lightning.config.parts import OptimConfig
 from nope_lightning.config.stages import HeadScaleConfig
 from nope_lightning.data.datamodule import PackedDataModule
 from nope_lightning.data.prepare import PreparedData, prepare
 from nope_lightning.data.retrieval import recipe_mix
-from nope_lightning.eval.entropy import CONVERGED_TAIL, converged_entropy, validation_windows
-from nope_lightning.extension import best_temperature, fitted_slope, scale_search_for
+from nope_lightning.eval.entropy import converged_entropy, validation_windows
+from nope_lightning.model.checkpoint import LoadedModel, load_model
+from nope_lightning.model.extension import best_temperature, fitted_slope, scale_search_for
 from nope_lightning.model.gpt import GPT, count_parameters
 from nope_lightning.model.temperature import (
     LOG_SLOPE,
@@ -73,7 +73,7 @@ from nope_lightning.model.temperature import (
     set_temperatures,
     train_only,
 )
-from nope_lightning.results.headscale import ConvergedEntropy, HeadScaleResult
+from nope_lightning.results.headscale import CONVERGED_TAIL, ConvergedEntropy, HeadScaleResult
 from nope_lightning.results.search import ScaleSearchResult
 from nope_lightning.runtime import tracking
 from nope_lightning.training.budget import check_target_len

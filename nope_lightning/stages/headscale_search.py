@@ -23,10 +23,10 @@ from typing import Any
 import optuna
 from optuna_integration import PyTorchLightningPruningCallback
 
-from nope_lightning.checkpoint import load_model
 from nope_lightning.config.core import flatten, to_dict
 from nope_lightning.config.search import HeadScaleSearchConfig
 from nope_lightning.config.stages import HeadScaleConfig
+from nope_lightning.model.checkpoint import load_model
 from nope_lightning.pipeline.registry import run_stage
 from nope_lightning.runtime import tracking
 from nope_lightning.runtime.search import model_label, open_study, study_name

@@ -13,11 +13,11 @@ from typing import Any
 
 from lightning.pytorch import seed_everything
 
-from nope_lightning.checkpoint import export_model
 from nope_lightning.config.stages import PretrainConfig
 from nope_lightning.data.datamodule import PackedDataModule
 from nope_lightning.data.prepare import prepare
 from nope_lightning.data.retrieval import recipe_mix
+from nope_lightning.model.checkpoint import export_model
 from nope_lightning.model.gpt import GPT, count_parameters, non_embedding_parameters
 from nope_lightning.runtime import tracking
 from nope_lightning.training.budget import default_name, output_dir, training_tokens, with_budget

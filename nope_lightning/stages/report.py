@@ -35,8 +35,8 @@ from nope_lightning.analysis import (
 )
 from nope_lightning.analysis import sources as report_sources
 from nope_lightning.analysis.paper import CLAIMS_BY_ID
-from nope_lightning.analysis.stats import t_interval
 from nope_lightning.config.pipeline import ReportConfig
+from nope_lightning.numerics.stats import t_interval
 from nope_lightning.results.bundle import Bundle
 from nope_lightning.results.evaluation import Curve, EvaluationResult
 from nope_lightning.runtime import tracking

@@ -31,13 +31,12 @@ import optuna
 
 from nope_lightning.analysis import plots
 from nope_lightning.analysis.log_law import best_on_grid, fit_log_scale, position_fit_units
-from nope_lightning.analysis.stats import blocks, bootstrap
-from nope_lightning.checkpoint import load_model
 from nope_lightning.config.core import flatten, to_dict
 from nope_lightning.config.parts import AttentionTemperature
 from nope_lightning.config.stages import EvaluateConfig, ExtensionConfig, ScaleSearchConfig
-from nope_lightning.eval.summary import block_size
-from nope_lightning.extension import BETA_UNITS
+from nope_lightning.model.checkpoint import load_model
+from nope_lightning.model.extension import BETA_UNITS
+from nope_lightning.numerics.stats import block_size, blocks, bootstrap
 from nope_lightning.pipeline.registry import run_stage
 from nope_lightning.results.evaluation import EvaluationResult
 from nope_lightning.results.search import (

@@ -21,9 +21,9 @@ from torch.distributed._composable import checkpoint as checkpoint_activations
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from nope_lightning.checkpoint import LoadedModel, legacy_renamed
 from nope_lightning.config.parts import OptimConfig, TrainerConfig
 from nope_lightning.data.prepare import PreparedData
+from nope_lightning.model.checkpoint import LoadedModel, legacy_renamed
 from nope_lightning.model.gpt import GPT
 from nope_lightning.training.memory import footprint, needs_checkpointing
 

@@ -23,10 +23,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 
-from nope_lightning.checkpoint import newest_intact, torch_load
 from nope_lightning.config.core import flatten, load_config, to_dict, to_yaml
 from nope_lightning.config.parts import TrainerConfig
 from nope_lightning.model.attention import Block
+from nope_lightning.model.checkpoint import newest_intact, torch_load
 from nope_lightning.runtime import tracking
 from nope_lightning.runtime.locks import hold_lock
 from nope_lightning.runtime.progress import StepProgressBar

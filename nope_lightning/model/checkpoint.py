@@ -96,7 +96,7 @@ def load_model(ref: str, tracking: TrackingConfig, *, temperature: AttentionTemp
                rope_scaling: RopeScalingConfig | None = None, attention_backend: str | None = None) -> LoadedModel:
     """Rebuild and load an exported model with the evaluation-time settings given (None keeps the export's
     own); they never change the architecture. ``temperature`` must be resolved: local files, no fit
-    (``nope_lightning.extension`` resolves a user's ``extension.temperature``)."""
+    (``nope_lightning.model.extension`` resolves a user's ``extension.temperature``)."""
     folder = resolve_reference(ref, tracking)
     for name in (WEIGHTS, CONFIG, META):
         if not (folder / name).is_file():

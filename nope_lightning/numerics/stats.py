@@ -207,6 +207,15 @@ def blocks(values: np.ndarray, groups: np.ndarray, size: int) -> np.ndarray:
     return np.stack([values[a:b].sum(0) for a, b in zip(edges[:-1], edges[1:], strict=True)])
 
 
+#: About this many resampling units per bootstrap: blocks of consecutive windows (never across documents) are
+#: made just long enough to leave ~128 of them, so neighbouring windows (the same passage) stay in one unit.
+BLOCK_UNITS = 128
+
+
+def block_size(windows: int) -> int:
+    return max(1, math.ceil(windows / BLOCK_UNITS))
+
+
 def spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Spearman rank correlation along the last axis: ``x``, ``y`` (..., n) -> (...,). Ties get average ranks;
     a constant row gives NaN."""

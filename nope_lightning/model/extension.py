@@ -16,9 +16,9 @@ import dataclasses
 import math
 from pathlib import Path
 
-from nope_lightning.checkpoint import LoadedModel, load_model, resolve_reference, weights_fingerprint
 from nope_lightning.config.parts import AttentionTemperature, TrackingConfig
 from nope_lightning.config.stages import ExtensionConfig
+from nope_lightning.model.checkpoint import LoadedModel, load_model, resolve_reference, weights_fingerprint
 from nope_lightning.results.search import ScaleSearchResult
 from nope_lightning.runtime import tracking
 
