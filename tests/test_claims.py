@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from nope_lightning.analysis.claim_rules import RuleChange, claim_problem
 from nope_lightning.analysis.claim_tests import NotMeasured, head_rank, untuned_head_entropy
 from nope_lightning.analysis.claims import (
     NO_SEED_VERDICT,
@@ -24,11 +23,12 @@ from nope_lightning.analysis.claims import (
     verdict,
 )
 from nope_lightning.analysis.inflection import inflection
-from nope_lightning.analysis.paper import CLAIMS_BY_ID, Claim, Precondition
 from nope_lightning.analysis.report_sections import changed_rules_section, claims_table, retrieval_line
 from nope_lightning.analysis.tables import BIASED, BIASED_NOTE, paired_table
 from nope_lightning.config import pipeline as pipeline_config
+from nope_lightning.config.claim_rules import RuleChange, claim_problem
 from nope_lightning.config.core import load_config
+from nope_lightning.config.paper import CLAIMS_BY_ID, Claim, Precondition
 from nope_lightning.config.pipeline import PipelineConfig, PipelineStep
 from nope_lightning.numerics.stats import Interval, t_interval
 from nope_lightning.results import EvaluationResult, HeadScaleResult, ScaleSearchResult

@@ -194,7 +194,7 @@ def test_no_module_outgrows_its_line_budget(tmp_path):
 #: is a stage run) while it imports only configs and the store; the rest of ``pipeline`` orchestrates the stages.
 LAYERS: tuple[tuple[str, ...], ...] = (
     # 1. schemas and pure data: configs, the papers' numbers, result files, task generators, small utilities
-    ("nope_lightning.config", "nope_lightning.analysis.paper", "nope_lightning.analysis.claim_rules", "nope_lightning.results",
+    ("nope_lightning.config", "nope_lightning.results",
      "nope_lightning.synthetic.core", "nope_lightning.synthetic.tasks", "nope_lightning.synthetic.scan",
      "nope_lightning.synthetic.pcfg", "nope_lightning.synthetic.algorithmic", "nope_lightning.synthetic.sequence",
      "nope_lightning.synthetic.scratchpad", "nope_lightning.synthetic.vocab", "nope_lightning.synthetic",

@@ -11,7 +11,6 @@ import pytest
 
 from nope_lightning.analysis.claims import Outcome, evaluate_claim
 from nope_lightning.analysis.markdown import html_page
-from nope_lightning.analysis.paper import CLAIMS_BY_ID, TABLE4
 from nope_lightning.analysis.report_sections import RECIPE_KEYS, claims_table, recipe_section, search_section
 from nope_lightning.analysis.tables import (
     MISSING,
@@ -22,6 +21,7 @@ from nope_lightning.analysis.tables import (
     ppl_tables,
 )
 from nope_lightning.config import PipelineConfig, PipelineStep, ScaleSearchConfig, load_config
+from nope_lightning.config.paper import CLAIMS_BY_ID, TABLE4
 from nope_lightning.eval.summary import octaves
 from nope_lightning.numerics.stats import Interval, prediction_interval, t_interval, wilson
 from nope_lightning.results import EvaluationResult, ScaleSearchResult

@@ -18,7 +18,6 @@ from scipy import stats as scipy_stats
 
 from nope_lightning.analysis.claim_tests import NotMeasured
 from nope_lightning.analysis.claims import NO_SEED_VERDICT
-from nope_lightning.analysis.paper import SYNTHETIC_MRR
 from nope_lightning.analysis.synthetic_cells import CellIndex, exact_match
 from nope_lightning.analysis.synthetic_claims import (
     EM_EFFECT,
@@ -34,6 +33,7 @@ from nope_lightning.analysis.synthetic_claims import (
     paper_way_mrr,
 )
 from nope_lightning.config import load_config
+from nope_lightning.config.paper import SYNTHETIC_MRR
 from nope_lightning.config.synthetic import SyntheticConfig
 from nope_lightning.numerics.stats import wilson
 from nope_lightning.results import BucketAccuracy, SyntheticCell

@@ -17,7 +17,7 @@ import numpy as np
 
 from nope_lightning.analysis.inflection import inflection
 from nope_lightning.analysis.log_law import best_on_grid, bucket_best, log_slope_batch, position_buckets_past
-from nope_lightning.analysis.paper import INFLECTION_ENTROPY, INFLECTION_LOGPPL, Claim
+from nope_lightning.config.paper import INFLECTION_ENTROPY, INFLECTION_LOGPPL, Claim
 from nope_lightning.numerics.stats import block_size, blocks, spearman
 from nope_lightning.results.evaluation import EvaluationResult
 from nope_lightning.results.headscale import CONVERGED_TAIL, HeadScaleResult

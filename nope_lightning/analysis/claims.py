@@ -41,7 +41,7 @@ from nope_lightning.analysis.claim_tests import (
     run_result,
 )
 from nope_lightning.analysis.inflection import inflected
-from nope_lightning.analysis.paper import RETRIEVAL_LEARNED, Claim, Precondition
+from nope_lightning.config.paper import RETRIEVAL_LEARNED, Claim, Precondition
 from nope_lightning.numerics.stats import (
     ONE_SIDED,
     Interval,

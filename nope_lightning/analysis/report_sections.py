@@ -8,8 +8,8 @@ import math
 from collections.abc import Mapping, Sequence
 
 from nope_lightning.analysis.claims import Outcome
-from nope_lightning.analysis.paper import RETRIEVAL_LEARNED, Claim
 from nope_lightning.analysis.tables import MISSING, cell, markdown_table
+from nope_lightning.config.paper import RETRIEVAL_LEARNED, Claim
 from nope_lightning.numerics.stats import Interval
 from nope_lightning.results.bundle import Recipe
 from nope_lightning.results.search import ScaleSearchResult

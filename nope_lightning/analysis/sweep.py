@@ -16,8 +16,8 @@ import numpy as np
 
 from nope_lightning.analysis import plots
 from nope_lightning.analysis.claims import NotMeasured, Runs, measure
-from nope_lightning.analysis.paper import Claim
 from nope_lightning.analysis.tables import cell, markdown_table
+from nope_lightning.config.paper import Claim
 from nope_lightning.config.pipeline import SWEEP_ROLES
 from nope_lightning.numerics.stats import Interval
 

@@ -45,7 +45,6 @@ import numpy as np
 
 from nope_lightning.analysis.claim_tests import NotMeasured
 from nope_lightning.analysis.claims import NO_SEED_VERDICT, Outcome, verdict
-from nope_lightning.analysis.paper import SYNTHETIC_MRR, Claim, Precondition
 from nope_lightning.analysis.synthetic_cells import (
     FULL,
     NONE,
@@ -56,6 +55,7 @@ from nope_lightning.analysis.synthetic_cells import (
     paired_bootstrap,
 )
 from nope_lightning.analysis.tables import MISSING, cell, markdown_table
+from nope_lightning.config.paper import SYNTHETIC_MRR, Claim, Precondition
 from nope_lightning.config.synthetic import PAPER_NAMES
 from nope_lightning.numerics.stats import Interval, crossed_bootstrap, prediction_interval, t_interval
 from nope_lightning.results.synthetic import SyntheticCell

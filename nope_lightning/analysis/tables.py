@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from nope_lightning.analysis import markdown, paper
+from nope_lightning.analysis import markdown
 from nope_lightning.analysis.claims import NotMeasured, Outcome, Runs, measure
-from nope_lightning.analysis.paper import Claim
+from nope_lightning.config import paper
+from nope_lightning.config.paper import Claim
 from nope_lightning.config.pipeline import PipelineConfig
 from nope_lightning.numerics.stats import UNIT, Interval, t_interval, wilson
 from nope_lightning.results.evaluation import Curve, EvaluationResult

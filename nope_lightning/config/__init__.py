@@ -2,8 +2,10 @@
 
 ``core`` holds the merge (``load_config``) and the checks, ``parts`` the shared sections (model, data, optimizer,
 trainer, tracking, retrieval mix), ``stages`` the stage configs, ``search`` HeadScale's Optuna search, ``synthetic`` the paper-002 task suite's,
-``pipeline`` the experiment-file schema.
-Everything is importable from here.
+``pipeline`` the experiment-file schema. ``paper`` holds the papers' published numbers and claims (their tests
+declared by ``claim_rules``): declarations like the configs, which an experiment file names and ``pipeline``
+checks at load, so they sit here, on the floor below everything that computes.
+Every config class and check is importable from here.
 """
 
 from nope_lightning.config.core import (

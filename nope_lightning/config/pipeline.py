@@ -7,8 +7,8 @@ import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nope_lightning.analysis.paper import CLAIMS_BY_ID, PRECONDITION_NEEDS, TEST_NEEDS, Claim, row_problem
 from nope_lightning.config.core import check_bootstrap
+from nope_lightning.config.paper import CLAIMS_BY_ID, PRECONDITION_NEEDS, TEST_NEEDS, Claim, row_problem
 from nope_lightning.config.parts import TrackingConfig
 
 #: The report's method families: ``nope`` is NoPE and its temperature repairs (drawn together in the report's

@@ -34,7 +34,7 @@ from nope_lightning.analysis import (
     tables,
 )
 from nope_lightning.analysis import sources as report_sources
-from nope_lightning.analysis.paper import CLAIMS_BY_ID
+from nope_lightning.config.paper import CLAIMS_BY_ID
 from nope_lightning.config.pipeline import ReportConfig
 from nope_lightning.numerics.stats import t_interval
 from nope_lightning.results.bundle import Bundle

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from nope_lightning.analysis.claim_rules import PaperEffect, RuleChange, check_claims
+from nope_lightning.config.claim_rules import PaperEffect, RuleChange, check_claims
 
 INF = float("inf")
 MULTIPLES = (1, 2, 4, 8)
