@@ -1,5 +1,5 @@
 """Paper 002's attention claim and its NoPE-vs-NoPE floor (``analysis.attention_claims``,
-``synthetic.analysis.floor_partner`` / ``analyse_attention(floor=...)`` / ``task_attention``): the floor pairs each seed
+``analysis.synthetic_grid.floor_partner`` / ``analyse_attention(floor=...)`` / ``task_attention``): the floor pairs each seed
 with the one before it and is the min-head JSD between two NoPE models on one seed's inputs; the claim gives each
 verdict on made-up per-seed JSDs, its numbers checked against Student t by hand; the per-layer table's intervals and
 floor; and result files written before the floor load with it empty."""
@@ -23,13 +23,7 @@ from nope_lightning.analysis.attention_claims import (
 )
 from nope_lightning.analysis.claims import NO_SEED_VERDICT
 from nope_lightning.analysis.synthetic_claims import claims_table
-from nope_lightning.config import load_config
-from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
-from nope_lightning.results.synthetic import SeedAttention, SyntheticGridResult, TaskAttention
-from nope_lightning.runtime import tracking
-from nope_lightning.stages import synthetic as stage
-from nope_lightning.stages import synthetic_grid
-from nope_lightning.synthetic.analysis import (
+from nope_lightning.analysis.synthetic_grid import (
     AttentionReport,
     analyse_attention,
     analysis_sequences,
@@ -38,6 +32,12 @@ from nope_lightning.synthetic.analysis import (
     min_head_jsd,
     task_attention,
 )
+from nope_lightning.config import load_config
+from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
+from nope_lightning.results.synthetic import SeedAttention, SyntheticGridResult, TaskAttention
+from nope_lightning.runtime import tracking
+from nope_lightning.stages import synthetic as stage
+from nope_lightning.stages import synthetic_grid
 from tests.conftest import REPO
 from tests.test_synthetic_claims import make_cell
 

@@ -207,7 +207,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # 3. checkpoints and training
     ("nope_lightning.model.checkpoint", "nope_lightning.training", "nope_lightning.model.extension"),
     # 4. measurement
-    ("nope_lightning.eval", "nope_lightning.synthetic.analysis"),
+    ("nope_lightning.eval", "nope_lightning.analysis.synthetic_grid"),
     # 5. the study's analysis
     ("nope_lightning.analysis",),
     # 6. stages

@@ -32,6 +32,7 @@ from nope_lightning.analysis.synthetic_claims import (
     mrr_intervals,
     paper_way_mrr,
 )
+from nope_lightning.analysis.synthetic_grid import PAPER_ROW_ORDER, mrr_row_order, mrr_with_ties, paper_mrr
 from nope_lightning.config import load_config
 from nope_lightning.config.paper import SYNTHETIC_MRR
 from nope_lightning.config.synthetic import SyntheticConfig
@@ -40,7 +41,6 @@ from nope_lightning.results import BucketAccuracy, SyntheticCell
 from nope_lightning.results.synthetic import problems_digest
 from nope_lightning.stages import synthetic as stage
 from nope_lightning.synthetic import make_split
-from nope_lightning.synthetic.analysis import PAPER_ROW_ORDER, mrr_row_order, mrr_with_ties, paper_mrr
 from tests.conftest import REPO
 
 PES = ("nope", "t5", "alibi", "rope", "sinusoidal")

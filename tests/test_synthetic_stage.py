@@ -13,6 +13,13 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
+from nope_lightning.analysis.synthetic_grid import (
+    attended_distance_hist,
+    attended_distances,
+    jsd,
+    min_head_jsd,
+    mrr_with_ties,
+)
 from nope_lightning.config import load_config
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
 from nope_lightning.pipeline.registry import run_stage, stage_config
@@ -20,13 +27,6 @@ from nope_lightning.results import BucketAccuracy
 from nope_lightning.stages import synthetic as stage
 from nope_lightning.stages import synthetic_grid
 from nope_lightning.synthetic import BOS, EOS, SEP, Example, Vocabulary, make_split
-from nope_lightning.synthetic.analysis import (
-    attended_distance_hist,
-    attended_distances,
-    jsd,
-    min_head_jsd,
-    mrr_with_ties,
-)
 from tests.conftest import REPO
 
 TINY = REPO / "conf/synthetic/tiny.yaml"

@@ -7,7 +7,7 @@ each (task, seed) in one of them; grids run with a scratchpad are not read (they
 seed) and PE (paper name): its per-layer min-head Jensen–Shannon divergence to the NoPE model of the same seed (nats,
 0 <= JSD <= ln 2), mean over the analysed lengths, ID and OOD (``TaskAttention.by_seed``); and the NoPE-vs-NoPE floor,
 NoPE of that seed against NoPE of the grid's previous seed on the same inputs (``floor_by_seed``;
-``synthetic.analysis.floor_partner``: a grid's first seed has none).
+``analysis.synthetic_grid.floor_partner``: a grid's first seed has none).
 
 Choices:
 

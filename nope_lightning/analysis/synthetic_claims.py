@@ -8,9 +8,9 @@ Choices where the paper leaves room:
 
 * **MRR, two ways.** *Ours* (what the verdicts read; ``mrr_intervals``): one query per (task, seed) of the tasks
   passing the ID precondition, scored by OOD exact match, the five PEs ranked, tied PEs sharing their average rank
-  (``synthetic.analysis.mrr_with_ties``): exact match ties often (0 on hard tasks, 1 on easy ones). *The paper's*
+  (``analysis.synthetic_grid.mrr_with_ties``): exact match ties often (0 on hard tasks, 1 on easy ones). *The paper's*
   (``paper_way_mrr``, printed beside ours, never a verdict): every query of all 17 tasks, no ID filter, ties broken
-  by the reference's row order (``synthetic.analysis.paper_mrr``: NoPE, listed last, loses every tie); with any of
+  by the reference's row order (``analysis.synthetic_grid.paper_mrr``: NoPE, listed last, loses every tie); with any of
   the 17 tasks missing it says which, and is not set beside the paper's numbers.
 * **Too few tasks**: a claim over fewer than ``MIN_TASKS`` learned tasks gets no verdict ("too few tasks
   learned"): with 2 tasks, a bootstrap over tasks has 3 distinct task draws, and a claim about PEs in general
@@ -54,12 +54,12 @@ from nope_lightning.analysis.synthetic_cells import (
     exact_match,
     paired_bootstrap,
 )
+from nope_lightning.analysis.synthetic_grid import PaperMRR, mrr_with_ties, paper_mrr
 from nope_lightning.analysis.tables import MISSING, cell, markdown_table
 from nope_lightning.config.paper import SYNTHETIC_MRR, Claim, Precondition
 from nope_lightning.config.synthetic import PAPER_NAMES
 from nope_lightning.numerics.stats import Interval, crossed_bootstrap, prediction_interval, t_interval
 from nope_lightning.results.synthetic import SyntheticCell
-from nope_lightning.synthetic.analysis import PaperMRR, mrr_with_ties, paper_mrr
 from nope_lightning.synthetic.sequence import COPY_REVERSE_TASKS
 from nope_lightning.synthetic.tasks import TASKS
 
@@ -289,7 +289,7 @@ def mrr_intervals(cells: Iterable[SyntheticCell], resamples: int = 1000) -> tupl
 
 
 def paper_way_mrr(cells: Iterable[SyntheticCell]) -> PaperMRR:
-    """Each PE's MRR as the paper computes it (``synthetic.analysis.paper_mrr``): every (task, seed) query without
+    """Each PE's MRR as the paper computes it (``analysis.synthetic_grid.paper_mrr``): every (task, seed) query without
     a scratchpad, no ID floor, ties to the PE the reference lists first; it names the paper's tasks missing here.
     ``NotMeasured`` when a cell is missing or no task lacks a scratchpad."""
     index = CellIndex(cells)

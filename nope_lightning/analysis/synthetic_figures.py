@@ -14,11 +14,11 @@ from collections.abc import Iterable
 import numpy as np
 from matplotlib.figure import Figure  # no pyplot: no global state
 
+from nope_lightning.analysis import synthetic_grid
 from nope_lightning.analysis.attention_claims import T5_CLOSEST, attention_index, claim_tasks
 from nope_lightning.analysis.claim_tests import NotMeasured
 from nope_lightning.config.synthetic import PAPER_NAMES, PAPER_PES
 from nope_lightning.results.synthetic import SyntheticGridResult
-from nope_lightning.synthetic import analysis
 
 
 def _panel_name(task: str, scratchpad: str) -> str:
@@ -35,7 +35,7 @@ def accuracy_by_length(grids: Iterable[SyntheticGridResult]):
         for cell in grid.runs:
             train_max[(cell.task, cell.scratchpad)] = cell.train_max_len
             for bucket in cell.buckets:
-                x = analysis.bucket_start(bucket.bucket)
+                x = synthetic_grid.bucket_start(bucket.bucket)
                 per_panel[(cell.task, cell.scratchpad)][cell.pos_encoding][x].append(bucket.acc)
     if not per_panel:
         return None
@@ -48,7 +48,7 @@ def accuracy_by_length(grids: Iterable[SyntheticGridResult]):
         pes = per_panel[(task, scratchpad)]
         named = {PAPER_NAMES.get(pe, pe): {x: float(np.mean(v)) for x, v in pes[pe].items()}
                  for pe in sorted(pes, key=lambda p: PAPER_PES.index(p) if p in PAPER_PES else len(PAPER_PES))}
-        analysis.draw_curves(ax, named, train_max[(task, scratchpad)], _panel_name(task, scratchpad), "exact match")
+        synthetic_grid.draw_curves(ax, named, train_max[(task, scratchpad)], _panel_name(task, scratchpad), "exact match")
     for ax in axes[len(order):]:
         ax.set_visible(False)
     fig.suptitle("Exact match per length, mean over seeds (left of the dashed line: training lengths)")
@@ -94,7 +94,7 @@ def distance_histograms(grids: Iterable[SyntheticGridResult]) -> dict[str, objec
             edges[key] = attention.edges
             for pe, counts in attention.hist.items():
                 pooled[key][pe] = pooled[key].get(pe, 0) + np.asarray(counts)
-    return {f"synthetic_distance_{task}{'' if s == 'none' else '_' + s}.png": analysis.plot_distance_hist(
+    return {f"synthetic_distance_{task}{'' if s == 'none' else '_' + s}.png": synthetic_grid.plot_distance_hist(
         pooled[(task, s)], edges[(task, s)], f"{_panel_name(task, s)}: attended distance, OOD output queries "
         f"(all layers and heads, summed over seeds)") for task, s in sorted(pooled)}
 

@@ -37,13 +37,14 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric
 
+from nope_lightning.analysis import synthetic_grid
 from nope_lightning.config.parts import ModelConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, sequence_tokens
 from nope_lightning.eval.generate import greedy_decode
 from nope_lightning.model.gpt import GPT, count_parameters
 from nope_lightning.results.synthetic import BucketAccuracy, Failure, SyntheticCell, problems_digest
 from nope_lightning.runtime import tracking
-from nope_lightning.synthetic import Example, Vocabulary, analysis, exact_match, length_bucket, make_split
+from nope_lightning.synthetic import Example, Vocabulary, exact_match, length_bucket, make_split
 from nope_lightning.training.module import CausalLM, lm_loss
 from nope_lightning.training.trainer import build_trainer, check_strategy
 
@@ -189,9 +190,9 @@ def bucket_accuracies(examples: Sequence[Example], correct: Sequence[bool], trai
     groups: dict[str, list[bool]] = defaultdict(list)
     for example, ok in zip(examples, correct, strict=True):
         groups[length_bucket(example.length, width)].append(ok)
-    return [BucketAccuracy(label, "ood" if analysis.bucket_start(label) > train_max else "id", len(oks),
+    return [BucketAccuracy(label, "ood" if synthetic_grid.bucket_start(label) > train_max else "id", len(oks),
                            float(np.mean(oks)))
-            for label, oks in sorted(groups.items(), key=lambda item: analysis.bucket_start(item[0]))]
+            for label, oks in sorted(groups.items(), key=lambda item: synthetic_grid.bucket_start(item[0]))]
 
 
 def failures(vocab: Vocabulary, examples: Sequence[Example], generated: Sequence[list[int]],
@@ -269,9 +270,9 @@ def log_run(cfg: SyntheticConfig, result: SyntheticCell, model: GPT) -> None:
                **{f"{prefix}/len{b.bucket}/acc": b.acc for b in result.buckets}}
     tracking.log_metrics(cfg.tracking, run_id, metrics, step=result.steps)
     tracking.log_json(cfg.tracking, run_id, result.to_dict(), "results.json")
-    curve = {analysis.bucket_start(b.bucket): b.acc for b in result.buckets}
+    curve = {synthetic_grid.bucket_start(b.bucket): b.acc for b in result.buckets}
     title = f"{cfg.task}: {PAPER_NAMES.get(cfg.pos_encoding, cfg.pos_encoding)}, seed {cfg.seed}"
-    tracking.log_figure(cfg.tracking, run_id, analysis.plot_curves({cfg.pos_encoding: curve}, cfg.train_max,
+    tracking.log_figure(cfg.tracking, run_id, synthetic_grid.plot_curves({cfg.pos_encoding: curve}, cfg.train_max,
                                                                    title, "exact match"), "per_length_acc.png")
     if cfg.log_model:
         with tempfile.TemporaryDirectory() as tmp:

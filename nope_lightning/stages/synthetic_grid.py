@@ -3,7 +3,7 @@
 ``run(cfg)`` trains and evaluates every (task, PE, seed) as a child of one parent run (``synthetic.py``'s
 ``train_and_evaluate``), then logs on the parent the OOD table (task x PE, mean over seeds), the PEs' mean
 reciprocal rank over (task, seed) with ties averaged, per-length curves per task and the attention analysis
-(``synthetic/analysis.py``).
+(``analysis/synthetic_grid.py``).
 
 Resume: the same command again (the same resolved config, whose ``config_hash`` tags the parent) continues that
 config's newest parent, killed, failed or finished, training only the cells not finished (stderr names those reused).
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from nope_lightning.analysis import synthetic_grid
 from nope_lightning.config.parts import TrackingConfig, TrainerConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, SyntheticGridConfig
 from nope_lightning.model.gpt import GPT
@@ -43,7 +44,6 @@ from nope_lightning.stages.synthetic import (
     save_weights,
     train_and_evaluate,
 )
-from nope_lightning.synthetic import analysis
 
 GRID_TAG = "grid_hash"  # on the parent: the config's hash, by which running it again finds it
 CELL_TAG = "grid_cell"  # on a child, set last: ``cell_key``, once all the grid needs of the cell is stored
@@ -57,16 +57,16 @@ def analysis_device(cfg: TrainerConfig) -> torch.device:
 
 
 def analyse_cell(runs: dict[str, Trained], grid: SyntheticGridConfig,
-                 previous: tuple[int, GPT] | None) -> analysis.AttentionReport:
+                 previous: tuple[int, GPT] | None) -> synthetic_grid.AttentionReport:
     """Attention of every PE of one (task, seed) against its NoPE model, and the floor: ``previous`` (a seed and its
     NoPE model; None: no floor) against that NoPE model."""
     device = analysis_device(grid.base.trainer)
     models = {pe: trained.model.to(device) for pe, trained in runs.items()}
     data = runs["nope"].data
-    sequences = analysis.analysis_sequences(data.vocab, data.valid + data.test, grid.attention_examples_per_length,
+    sequences = synthetic_grid.analysis_sequences(data.vocab, data.valid + data.test, grid.attention_examples_per_length,
                                             data.cfg.train_max)
     floor = None if previous is None else (previous[0], previous[1].to(device))
-    report = analysis.analyse_attention(models, sequences, reference="nope", bins=grid.distance_bins, floor=floor)
+    report = synthetic_grid.analyse_attention(models, sequences, reference="nope", bins=grid.distance_bins, floor=floor)
     for model in models.values():
         model.cpu()
     return report
@@ -88,7 +88,7 @@ def summarise(results: Sequence[SyntheticCell]) -> GridSummary:
         ood[r.task][r.pos_encoding].append(r.ood_acc)
         ids[r.task][r.pos_encoding].append(r.id_acc)
         for b in r.buckets:
-            curves[r.task][r.pos_encoding][analysis.bucket_start(b.bucket)].append(b.acc)
+            curves[r.task][r.pos_encoding][synthetic_grid.bucket_start(b.bucket)].append(b.acc)
     return GridSummary(ood, ids, curves)
 
 
@@ -96,16 +96,16 @@ def grid_mrr(results: Sequence[SyntheticCell], pes: Sequence[str]) -> dict[str, 
     """MRR of the PEs by OOD accuracy over (task, seed) queries, ties averaged."""
     by_cell = {(r.task, r.seed, r.pos_encoding): r.ood_acc for r in results}
     queries = sorted({(task, seed) for task, seed, _ in by_cell})
-    return analysis.mrr_with_ties({pe: [by_cell[(task, seed, pe)] for task, seed in queries] for pe in pes})
+    return synthetic_grid.mrr_with_ties({pe: [by_cell[(task, seed, pe)] for task, seed in queries] for pe in pes})
 
 
 def log_grid(grid: SyntheticGridConfig, parent: str, results: list[SyntheticCell],
-             reports: dict[tuple[str, int], analysis.AttentionReport]) -> SyntheticGridResult:
+             reports: dict[tuple[str, int], synthetic_grid.AttentionReport]) -> SyntheticGridResult:
     """Tables, MRR, per-length curves and attention plots on the parent run; returns the summary."""
     track, pes = grid.base.tracking, grid.pos_encodings
     summary, mrr = summarise(results), grid_mrr(results, pes)
-    tables = {"ood": analysis.markdown_table(summary.ood, pes, PAPER_NAMES, mrr),
-              "id": analysis.markdown_table(summary.id, pes, PAPER_NAMES)}
+    tables = {"ood": synthetic_grid.markdown_table(summary.ood, pes, PAPER_NAMES, mrr),
+              "id": synthetic_grid.markdown_table(summary.id, pes, PAPER_NAMES)}
     mean_ood = {task: {pe: float(np.mean(v)) for pe, v in row.items()} for task, row in summary.ood.items()}
     metrics = {f"mrr/{pe}": value for pe, value in mrr.items()}
     for task, pe in itertools.product(grid.tasks, pes):
@@ -114,35 +114,35 @@ def log_grid(grid: SyntheticGridConfig, parent: str, results: list[SyntheticCell
     tracking.log_metrics(track, parent, metrics)
     tracking.log_text(track, parent, "## OOD exact match\n\n" + tables["ood"] + "\n## ID exact match\n\n"
                       + tables["id"], "ood_table.md")
-    tracking.log_figure(track, parent, analysis.plot_ood_table(mean_ood, pes, PAPER_NAMES, mrr), "ood_table.png")
+    tracking.log_figure(track, parent, synthetic_grid.plot_ood_table(mean_ood, pes, PAPER_NAMES, mrr), "ood_table.png")
     train_max = {r.task: r.train_max_len for r in results}
     attention = log_attention(grid, parent, reports, train_max)
     for task in grid.tasks:
         curves = {PAPER_NAMES.get(pe, pe): {x: float(np.mean(v)) for x, v in summary.curves[task][pe].items()}
                   for pe in pes}
-        tracking.log_figure(track, parent, analysis.plot_curves(curves, train_max[task], f"{task} (mean over seeds)",
+        tracking.log_figure(track, parent, synthetic_grid.plot_curves(curves, train_max[task], f"{task} (mean over seeds)",
                                                                 "exact match"), f"per_length/{task}.png")
     out = SyntheticGridResult(parent, mrr, mean_ood, tables, attention, results)
     tracking.log_json(track, parent, out.to_dict(), "results.json")
     return out
 
 
-def log_attention(grid: SyntheticGridConfig, parent: str, reports: dict[tuple[str, int], analysis.AttentionReport],
+def log_attention(grid: SyntheticGridConfig, parent: str, reports: dict[tuple[str, int], synthetic_grid.AttentionReport],
                   train_max: dict[str, int]) -> dict[str, TaskAttention]:
-    """Per task, ``analysis.task_attention`` (JSD to NoPE over seeds, attended distances), plotted."""
+    """Per task, ``synthetic_grid.task_attention`` (JSD to NoPE over seeds, attended distances), plotted."""
     out: dict[str, TaskAttention] = {}
     for task in grid.tasks:
         if not (cells := {seed: report for (t, seed), report in reports.items() if t == task}):
             continue
-        out[task] = a = analysis.task_attention(cells, PAPER_NAMES)
+        out[task] = a = synthetic_grid.task_attention(cells, PAPER_NAMES)
         track = grid.base.tracking
-        tracking.log_figure(track, parent, analysis.plot_curves(
+        tracking.log_figure(track, parent, synthetic_grid.plot_curves(
             a.jsd, train_max[task], f"{task}: min-head JSD to NoPE (nats, mean over layers)", "JSD (nats)"),
             f"attention/jsd_{task}.png")
-        tracking.log_figure(track, parent, analysis.plot_layer_curves(
+        tracking.log_figure(track, parent, synthetic_grid.plot_layer_curves(
             a.jsd_by_layer, train_max[task], f"{task}: min-head JSD to NoPE per layer (nats)", "JSD (nats)"),
             f"attention/jsd_by_layer_{task}.png")
-        tracking.log_figure(track, parent, analysis.plot_distance_hist(
+        tracking.log_figure(track, parent, synthetic_grid.plot_distance_hist(
             a.hist, a.edges, f"{task}: attended distance, OOD output queries"), f"attention/distance_{task}.png")
     return out
 
@@ -210,9 +210,9 @@ def load_model(cell: SyntheticConfig, weights: Path) -> tuple[GPT, SyntheticData
 
 
 def previous_nope(cfg: SyntheticGridConfig, parent: str, task: str, seed: int) -> tuple[int, GPT] | None:
-    """The seed and NoPE model that (task, seed)'s floor compares with (``analysis.floor_partner``), from the weights
+    """The seed and NoPE model that (task, seed)'s floor compares with (``synthetic_grid.floor_partner``), from the weights
     kept since that seed's analysis; None for the first seed, or when they are gone (said so)."""
-    if (partner := analysis.floor_partner(cfg.seeds, seed)) is None:
+    if (partner := synthetic_grid.floor_partner(cfg.seeds, seed)) is None:
         return None
     if not (weights := kept_weights(cfg, parent) / group_name(task, partner) / "nope.safetensors").exists():
         grid_line(f"{task}/s{seed}: no NoPE-vs-NoPE floor, seed {partner}'s NoPE weights are gone ({weights})")
@@ -223,7 +223,7 @@ def previous_nope(cfg: SyntheticGridConfig, parent: str, task: str, seed: int) -
 def release_weights(cfg: SyntheticGridConfig, parent: str, task: str, seed: int) -> None:
     """After (task, seed)'s analysis: the previous seed's kept weights (its NoPE served this floor) and this seed's
     but its NoPE, which the next seed's floor reads (the task's last seed keeps none)."""
-    if (partner := analysis.floor_partner(cfg.seeds, seed)) is not None:
+    if (partner := synthetic_grid.floor_partner(cfg.seeds, seed)) is not None:
         shutil.rmtree(kept_weights(cfg, parent) / group_name(task, partner), ignore_errors=True)
     for path in (kept_weights(cfg, parent) / group_name(task, seed)).glob("*"):
         if seed == cfg.seeds[-1] or path.name != "nope.safetensors":
@@ -259,15 +259,15 @@ def run_group(cfg: SyntheticGridConfig, grid: Grid, cells: list[SyntheticConfig]
     return results, runs
 
 
-def store_report(track: TrackingConfig, parent: str, task: str, seed: int, report: analysis.AttentionReport) -> None:
+def store_report(track: TrackingConfig, parent: str, task: str, seed: int, report: synthetic_grid.AttentionReport) -> None:
     stored = SeedAttention(task, seed, report.stored(seed))
     tracking.log_json(track, parent, stored.to_dict(), f"{ATTENTION_DIR}/{group_name(task, seed)}.json")
 
 
-def stored_report(track: TrackingConfig, parent: str, task: str, seed: int) -> analysis.AttentionReport:
+def stored_report(track: TrackingConfig, parent: str, task: str, seed: int) -> synthetic_grid.AttentionReport:
     """``store_report``'s analysis back (JSON keeps every float exactly, so the aggregate is the same)."""
     stored = SeedAttention.load(tracking.download(track, parent, f"{ATTENTION_DIR}/{group_name(task, seed)}.json"))
-    return analysis.AttentionReport.from_stored(stored.attention, seed)
+    return synthetic_grid.AttentionReport.from_stored(stored.attention, seed)
 
 
 def run(cfg: SyntheticGridConfig) -> dict[str, Any]:
@@ -279,7 +279,7 @@ def run(cfg: SyntheticGridConfig) -> dict[str, Any]:
     grid_line(f"run {grid.parent}: {len(cells)} cells, {done} already finished")
     try:
         results: list[SyntheticCell] = []
-        reports: dict[tuple[str, int], analysis.AttentionReport] = {}
+        reports: dict[tuple[str, int], synthetic_grid.AttentionReport] = {}
         # One (task, seed) at a time, so only its PEs' models are held for the attention analysis.
         for (task, seed), group in itertools.groupby(cells, key=lambda c: (c.task, c.seed)):
             analyse = bool(cfg.attention_examples_per_length) and group_name(task, seed) not in grid.analysed

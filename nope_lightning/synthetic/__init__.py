@@ -9,6 +9,9 @@ Pure Python (numpy only for its random generator type). Typical use::
     vocab = Vocabulary.for_task("addition")
     input_ids, loss_mask = vocab.encode(train[0])
     exact_match(vocab.decode(generated_ids), test[0])
+
+The lowest floor: it imports nothing else of the package, so ``config/synthetic.py`` checks task names against
+``TASKS``; the grid's analysis of trained models is ``analysis/synthetic_grid.py``.
 """
 
 from .core import BOS, EOS, PAD, SEP, SPECIAL_TOKENS, Example, Problem, Step
