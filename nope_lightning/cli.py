@@ -31,8 +31,8 @@ from typing import Any
 import yaml
 
 from nope_lightning.config.core import to_yaml
-from nope_lightning.pipeline.registry import STAGES, run_stage, stage_config
 from nope_lightning.runtime import quiet
+from nope_lightning.stages.registry import STAGES, run_stage, stage_config
 
 DESCRIPTION = "Length generalization without position encoding (NoPE): pretraining, temperature search, " \
               "HeadScale, RoPE/ALiBi baselines, evaluation and reports."

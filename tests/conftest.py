@@ -45,7 +45,7 @@ def data_cache(tmp_path_factory) -> str:
 def tiny_pretrained(tmp_path_factory, data_cache) -> dict:
     """A NoPE model pretrained once per session on the tiny config; its result has ``model`` (export
     folder) and ``tracking`` (the ``key=value`` overrides of its private MLflow store)."""
-    from nope_lightning.pipeline.registry import run_stage, stage_config
+    from nope_lightning.stages.registry import run_stage, stage_config
 
     root = tmp_path_factory.mktemp("tiny_pretrained")
     tracking = [f"tracking.uri=sqlite:///{root}/mlflow.db", f"tracking.artifact_root={root}/artifacts"]

@@ -14,7 +14,7 @@ import torch
 
 from nope_lightning import cli
 from nope_lightning.config import TrainerConfig
-from nope_lightning.pipeline.registry import STAGES
+from nope_lightning.stages.registry import STAGES
 from tests.conftest import REPO
 
 # Variables under which MLflow turns its telemetry off by itself; removed so the tests see our setting.

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from nope_lightning.config import EvaluateConfig, PretrainConfig, load_config, to_yaml
-from nope_lightning.pipeline.registry import STAGES, stage_config
+from nope_lightning.stages.registry import STAGES, stage_config
 from tests.conftest import REPO
 
 #: Overrides a stage needs to validate without a real run (required fields).

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.pipeline.steps import expand
+from nope_lightning.stages.registry import run_stage, stage_config
 from tests.conftest import REPO
 
 EXPERIMENTS = sorted((REPO / "experiments").glob("*/*.yaml"))

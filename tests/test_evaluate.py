@@ -26,8 +26,8 @@ from nope_lightning.eval.perplexity import (
 )
 from nope_lightning.model import GPT
 from nope_lightning.model.probes import attention_probs
-from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.runtime.tracking import download
+from nope_lightning.stages.registry import run_stage, stage_config
 
 VOCAB, L, S = 61, 12, 4
 

@@ -20,8 +20,8 @@ from nope_lightning.config import (
 )
 from nope_lightning.model.checkpoint import load_model
 from nope_lightning.model.extension import load_extended
-from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.stages import finetune
+from nope_lightning.stages.registry import run_stage, stage_config
 from nope_lightning.training import trainer as trainer_module
 from tests.conftest import REPO
 

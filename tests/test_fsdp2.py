@@ -31,7 +31,7 @@ DRIVER = textwrap.dedent('''
     from lightning.pytorch.callbacks import Callback
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
-    from nope_lightning.pipeline import registry as run
+    from nope_lightning.stages import registry as run
     from nope_lightning.training import trainer
     from nope_lightning.model import count_parameters
 

@@ -3,7 +3,7 @@ modules imported at module top except where ``ALLOWED_IN_FUNCTIONS`` says why.
 
 Every import statement counts, wherever it stands: an ``if TYPE_CHECKING:`` import or one inside a function
 still ties the two modules together, it only hides the circle from the interpreter. The stage registry
-(``run.py``) loads stage modules from ``module:name`` strings with ``importlib``, which is no import statement:
+(``stages/registry.py``) loads stage modules from ``module:name`` strings with ``importlib``, which is no import statement:
 that is how stages that call ``run_stage`` themselves (pipeline, scale-search) stay out of a circle with it.
 """
 
@@ -199,10 +199,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "nope_lightning.synthetic.pcfg", "nope_lightning.synthetic.algorithmic", "nope_lightning.synthetic.sequence",
      "nope_lightning.synthetic.scratchpad", "nope_lightning.synthetic.vocab", "nope_lightning.synthetic",
      "nope_lightning.runtime", "nope_lightning.numerics", "nope_lightning.runtime.locks", "nope_lightning.runtime.progress", "nope_lightning.runtime.quiet", "nope_lightning.numerics.metrics",
-     "nope_lightning.runtime.search", "nope_lightning.pipeline.runkey", "nope_lightning.analysis.markdown",
+     "nope_lightning.runtime.search", "nope_lightning.results.runkey", "nope_lightning.analysis.markdown",
      "nope_lightning.analysis.log_law", "nope_lightning.data.fetch", "nope_lightning.data.tokenizer"),
     # 2. building blocks: the model, the data, the store and the stage registry, statistics
-    ("nope_lightning.model", "nope_lightning.data", "nope_lightning.runtime.tracking", "nope_lightning.pipeline.registry",
+    ("nope_lightning.model", "nope_lightning.data", "nope_lightning.runtime.tracking", "nope_lightning.stages.registry",
      "nope_lightning.numerics.stats", "nope_lightning.eval.generate", "nope_lightning.eval.longbench_metrics"),
     # 3. checkpoints and training
     ("nope_lightning.model.checkpoint", "nope_lightning.training", "nope_lightning.model.extension"),

@@ -18,8 +18,6 @@ import pytest
 
 from nope_lightning.config import PipelineConfig, PipelineStep, load_config, to_yaml
 from nope_lightning.config.pipeline import ReportSource
-from nope_lightning.pipeline.registry import get_stage, run_stage, stage_config
-from nope_lightning.pipeline.runkey import RunKey
 from nope_lightning.pipeline.steps import (
     Instance,
     expand,
@@ -29,6 +27,8 @@ from nope_lightning.pipeline.steps import (
     step_hash,
     substitute,
 )
+from nope_lightning.results.runkey import RunKey
+from nope_lightning.stages.registry import get_stage, run_stage, stage_config
 from tests.conftest import REPO
 
 PIPELINE = str(REPO / "experiments/tiny/tiny.yaml")

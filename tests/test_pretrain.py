@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from nope_lightning import cli
 from nope_lightning.config import PretrainConfig, TrackingConfig
 from nope_lightning.model.checkpoint import load_model
-from nope_lightning.pipeline.registry import run_stage, stage_config
+from nope_lightning.stages.registry import run_stage, stage_config
 from nope_lightning.training import trainer as trainer_module
 from nope_lightning.training.budget import default_name
 from tests.conftest import REPO

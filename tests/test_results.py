@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from nope_lightning.pipeline.runkey import RunKey
 from nope_lightning.results import (
     BucketAccuracy,
     ConvergedEntropy,
@@ -37,6 +36,7 @@ from nope_lightning.results import (
     TaskAttention,
 )
 from nope_lightning.results.bundle import Bundle, Placed, Recipe
+from nope_lightning.results.runkey import RunKey
 from tests.conftest import REPO
 
 CURVE = Curve([3.0, 3.5], [2.9, 3.4], [3.1, 3.6], [[300.0, 700.0], [310.0, 690.0]])

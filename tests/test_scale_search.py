@@ -23,10 +23,10 @@ from nope_lightning.analysis.log_law import fit_log_scale
 from nope_lightning.config import TrackingConfig
 from nope_lightning.model.checkpoint import load_model
 from nope_lightning.model.extension import BETA_UNITS, scale_search_for
-from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.results.search import ScaleSearchResult
 from nope_lightning.runtime import tracking as tracking_store
 from nope_lightning.runtime.search import open_study
+from nope_lightning.stages.registry import run_stage, stage_config
 
 
 def test_fit_recovers_a_and_r2():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nope_lightning.pipeline.registry import run_stage, stage_config
+from nope_lightning.stages.registry import run_stage, stage_config
 from tests.conftest import REPO
 
 TINY = {

@@ -14,8 +14,8 @@ from nope_lightning.config.core import load_config
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.synthetic import PAPER_PES, SyntheticConfig
 from nope_lightning.model.gpt import non_embedding_parameters
-from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.runtime import tracking
+from nope_lightning.stages.registry import run_stage, stage_config
 from nope_lightning.synthetic import TASKS, make_split
 from tests.conftest import REPO
 

@@ -14,12 +14,12 @@ from nope_lightning.analysis.sources import pipeline_runs
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.synthetic import SyntheticConfig
 from nope_lightning.pipeline import runner
-from nope_lightning.pipeline.registry import run_stage, stage_config
-from nope_lightning.pipeline.runkey import RunKey
 from nope_lightning.pipeline.steps import expand, step_config, step_hash
+from nope_lightning.results.runkey import RunKey
 from nope_lightning.results.synthetic import SyntheticGridResult
 from nope_lightning.runtime import tracking
 from nope_lightning.stages import synthetic_grid
+from nope_lightning.stages.registry import run_stage, stage_config
 from tests.conftest import REPO
 
 TINY = REPO / "conf/synthetic/tiny.yaml"

@@ -22,10 +22,10 @@ from nope_lightning.analysis.synthetic_grid import (
 )
 from nope_lightning.config import load_config
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
-from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.results import BucketAccuracy
 from nope_lightning.stages import synthetic as stage
 from nope_lightning.stages import synthetic_grid
+from nope_lightning.stages.registry import run_stage, stage_config
 from nope_lightning.synthetic import BOS, EOS, SEP, Example, Vocabulary, make_split
 from tests.conftest import REPO
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from nope_lightning.config.synthetic import PAPER_PES
-from nope_lightning.pipeline.registry import stage_config
 from nope_lightning.pipeline.steps import expand, step_config
+from nope_lightning.stages.registry import stage_config
 from tests.conftest import REPO, load_script
 
 FILES = {name: REPO / f"experiments/synthetic/synthetic_{name}.yaml" for name in ("primitive", "math", "classic")}
@@ -102,7 +102,7 @@ def test_one_report_reads_a_task_study_beside_a_scratchpad_study_of_the_same_tas
     whole point, so parity without a scratchpad and with the full one are two grids, not a duplicate."""
     import yaml
 
-    from nope_lightning.pipeline.registry import run_stage
+    from nope_lightning.stages.registry import run_stage
 
     base = {**yaml.safe_load((REPO / "conf/synthetic/tiny.yaml").read_text()), "log_model": False, "task": "parity"}
     grid = tmp_path / "grid.yaml"

@@ -17,8 +17,8 @@ import yaml
 from nope_lightning.config.core import load_config, to_dict
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
-from nope_lightning.pipeline.registry import run_stage, stage_config
 from nope_lightning.pipeline.steps import identity, step_hash
+from nope_lightning.stages.registry import run_stage, stage_config
 from nope_lightning.stages.synthetic_grid import cell_key
 from nope_lightning.synthetic.tasks import TASKS as TASK_NAMES
 from tests.conftest import REPO

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from nope_lightning.pipeline.registry import stage_config
+from nope_lightning.stages.registry import stage_config
 
 
 def slices(path: str, root: Path, only: dict[str, list[str]] | None = None) -> list[dict]:

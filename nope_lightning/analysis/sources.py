@@ -19,9 +19,9 @@ from nope_lightning.analysis.report_sections import RECIPE_KEYS
 from nope_lightning.config.core import load_config
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
-from nope_lightning.pipeline.runkey import RunKey
 from nope_lightning.results.bundle import STAGE_RESULTS, Bundle, Placed, Recipe
 from nope_lightning.results.core import ResultFile
+from nope_lightning.results.runkey import RunKey
 from nope_lightning.runtime import tracking
 
 

@@ -1,3 +1,4 @@
-"""The pipeline: the stage registry (``registry``), an experiment file expanded into step instances (``steps``),
-their run identity (``runkey``), the dry run (``dry_run``) and the runner (``runner``). The experiment file's
-schema lives with every other config, in ``nope_lightning.config.pipeline``."""
+"""The pipeline: an experiment file expanded into step instances (``steps``), the dry run (``dry_run``) and the
+runner (``runner``), on the floor above the stages they run. The experiment file's schema lives with every other
+config, in ``nope_lightning.config.pipeline``; the stage registry with the stages (``stages.registry``); a run's
+identity with the results it places (``results.runkey``)."""

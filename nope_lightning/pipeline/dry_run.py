@@ -25,9 +25,9 @@ from nope_lightning.config.pipeline import PipelineConfig
 from nope_lightning.config.stages import PretrainConfig
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
 from nope_lightning.eval.longctx import answer_tokens
-from nope_lightning.pipeline.registry import get_stage
 from nope_lightning.pipeline.steps import Instance, expand, reference_problems, step_config
 from nope_lightning.runtime.progress import pipeline_line
+from nope_lightning.stages.registry import get_stage
 from nope_lightning.training.budget import (
     check_rope_model,
     check_target_len,

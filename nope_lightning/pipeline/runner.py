@@ -40,10 +40,10 @@ from typing import Any
 from nope_lightning.config.core import to_yaml
 from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
 from nope_lightning.pipeline import dry_run
-from nope_lightning.pipeline.registry import run_stage
 from nope_lightning.pipeline.steps import expand, pipeline_hash, recorded_hash, step_config, step_hash
 from nope_lightning.runtime import tracking
 from nope_lightning.runtime.progress import pipeline_line
+from nope_lightning.stages.registry import run_stage
 
 #: The tag holding a step's hash (``steps.step_hash``) on the run it started: how any later pipeline finds it.
 HASH_TAG = "config_hash"

@@ -34,8 +34,8 @@ from omegaconf import OmegaConf
 
 from nope_lightning.config.core import flatten, to_dict
 from nope_lightning.config.pipeline import PipelineConfig, PipelineStep
-from nope_lightning.pipeline.registry import get_stage, stage_config
-from nope_lightning.pipeline.runkey import RunKey
+from nope_lightning.results.runkey import RunKey
+from nope_lightning.stages.registry import get_stage, stage_config
 
 #: ``@{step.key}``, ``@{seed}`` and ``@{matrix.key}``.
 REFERENCE = re.compile(r"@\{([\w-]+)(?:\.([\w/.-]+))?\}")

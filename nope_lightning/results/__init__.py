@@ -1,5 +1,8 @@
 """What each stage produces, typed, with its on-disk JSON form (``version``ed: ``core.ResultFile``): the one
-place that writes and reads a result file's keys. Every other module reads results through these types."""
+place that writes and reads a result file's keys. Every other module reads results through these types.
+
+A run's identity in a study (``runkey.RunKey``: method, seed, matrix point, stage, step) lives here too, with the
+results it places: the bundle (``bundle``) files every result under it."""
 
 from nope_lightning.results.core import ResultFile
 from nope_lightning.results.evaluation import (

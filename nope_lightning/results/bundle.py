@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nope_lightning.pipeline.runkey import RunKey
 from nope_lightning.results.core import ResultFile, dumps
 from nope_lightning.results.evaluation import EvaluationResult
 from nope_lightning.results.headscale import HeadScaleResult
+from nope_lightning.results.runkey import RunKey
 from nope_lightning.results.search import ScaleSearchResult
 from nope_lightning.results.synthetic import SyntheticGridResult
 

@@ -102,7 +102,7 @@ class TaskAttention:
     """One task's attention analysis, per PE (its paper name in a grid, ours in a ``SeedAttention``): the layer-mean
     min-head JSD to NoPE (nats) per length, the same per layer, and the attended-distance histogram over ``edges``.
 
-    The NoPE-vs-NoPE floor (``synthetic.analysis.floor_partner``): ``floor_by_layer[length]``, per layer, the same JSD
+    The NoPE-vs-NoPE floor (``analysis.synthetic_grid.floor_partner``): ``floor_by_layer[length]``, per layer, the same JSD
     between the NoPE models of two seeds on the same inputs (a grid's: the mean over its seeds that have one);
     ``floor_partners[seed]``: the seed whose NoPE model that seed's NoPE was compared with. ``by_seed[seed][pe]`` and
     ``floor_by_seed[seed]``: each seed's per-layer JSD and floor, mean over the analysed lengths (what intervals

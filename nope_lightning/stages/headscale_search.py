@@ -27,9 +27,9 @@ from nope_lightning.config.core import flatten, to_dict
 from nope_lightning.config.search import HeadScaleSearchConfig
 from nope_lightning.config.stages import HeadScaleConfig
 from nope_lightning.model.checkpoint import load_model
-from nope_lightning.pipeline.registry import run_stage
 from nope_lightning.runtime import tracking
 from nope_lightning.runtime.search import model_label, open_study, study_name
+from nope_lightning.stages.registry import run_stage
 
 
 def trial_config(cfg: HeadScaleSearchConfig, init: float, lr: float, parent_run_id: str,

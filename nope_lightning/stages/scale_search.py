@@ -37,7 +37,6 @@ from nope_lightning.config.stages import EvaluateConfig, ExtensionConfig, ScaleS
 from nope_lightning.model.checkpoint import load_model
 from nope_lightning.model.extension import BETA_UNITS
 from nope_lightning.numerics.stats import block_size, blocks, bootstrap
-from nope_lightning.pipeline.registry import run_stage
 from nope_lightning.results.evaluation import EvaluationResult
 from nope_lightning.results.search import (
     LogFit,
@@ -49,6 +48,7 @@ from nope_lightning.results.search import (
 )
 from nope_lightning.runtime import tracking
 from nope_lightning.runtime.search import model_label, open_study, study_name
+from nope_lightning.stages.registry import run_stage
 from nope_lightning.training.budget import check_target_len
 
 
