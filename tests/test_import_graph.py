@@ -188,29 +188,22 @@ def test_no_module_outgrows_its_line_budget(tmp_path):
                                            "pkg/stages/stage.py: 301 lines (budget 300)"]
 
 
-#: The package's layers, lowest first: a module may import its own layer's modules and lower ones, never a higher
-#: layer's. Each entry is a module or a package prefix; every module must fall in exactly one layer, so a new
-#: module is placed on purpose. The stage registry sits low because stages dispatch through it (a search's trial
-#: is a stage run) while it imports only configs and the store; the rest of ``pipeline`` orchestrates the stages.
+#: The package's floors, lowest first: each entry is a folder (a subpackage; ``cli`` is the one module at the root),
+#: and a module may import its own floor's modules and lower ones, never a higher floor's. Every folder sits on
+#: exactly one floor, so a new folder is placed on purpose; within a floor, folders may import each other as long as
+#: no circle forms (the circle test above).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # 1. schemas and pure data: configs, the papers' numbers, result files, task generators, small utilities
-    ("nope_lightning.config", "nope_lightning.results",
-     "nope_lightning.synthetic.core", "nope_lightning.synthetic.tasks", "nope_lightning.synthetic.scan",
-     "nope_lightning.synthetic.pcfg", "nope_lightning.synthetic.algorithmic", "nope_lightning.synthetic.sequence",
-     "nope_lightning.synthetic.scratchpad", "nope_lightning.synthetic.vocab", "nope_lightning.synthetic",
-     "nope_lightning.runtime", "nope_lightning.numerics", "nope_lightning.runtime.locks", "nope_lightning.runtime.progress", "nope_lightning.runtime.quiet", "nope_lightning.numerics.metrics",
-     "nope_lightning.runtime.search", "nope_lightning.results.runkey", "nope_lightning.analysis.markdown",
-     "nope_lightning.analysis.log_law", "nope_lightning.data.fetch", "nope_lightning.data.tokenizer"),
-    # 2. building blocks: the model, the data, the store and the stage registry, statistics
-    ("nope_lightning.model", "nope_lightning.data", "nope_lightning.runtime.tracking", "nope_lightning.stages.registry",
-     "nope_lightning.numerics.stats", "nope_lightning.eval.generate", "nope_lightning.eval.longbench_metrics"),
-    # 3. checkpoints and training
-    ("nope_lightning.model.checkpoint", "nope_lightning.training", "nope_lightning.model.extension"),
-    # 4. measurement
-    ("nope_lightning.eval", "nope_lightning.analysis.synthetic_grid"),
-    # 5. the study's analysis
-    ("nope_lightning.analysis",),
-    # 6. stages
+    # 1. the synthetic tasks' generators: pure Python, nothing else of the package
+    ("nope_lightning.synthetic",),
+    # 2. declarations: the typed configs and the papers' numbers and claims they name
+    ("nope_lightning.config",),
+    # 3. what runs leave and use: typed result files and run identity, numbers from sums, the stores and plumbing
+    ("nope_lightning.results", "nope_lightning.numerics", "nope_lightning.runtime"),
+    # 4. building blocks: the model (and a trained model as files), the data
+    ("nope_lightning.model", "nope_lightning.data"),
+    # 5. working with models: training, measurement, the study's analysis
+    ("nope_lightning.training", "nope_lightning.eval", "nope_lightning.analysis"),
+    # 6. the stages and their registry
     ("nope_lightning.stages",),
     # 7. orchestration: experiment files expanded, dry-run, run; the command line
     ("nope_lightning.pipeline", "nope_lightning.cli"),
@@ -218,13 +211,20 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 
 def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = LAYERS) -> int | None:
-    """The layer (0 = lowest) whose longest matching entry names ``module``; None when no entry does."""
-    best: tuple[int, int] | None = None
+    """The floor (0 = lowest) of the entry that is ``module`` or holds it; None when no entry does."""
     for number, entries in enumerate(layers):
-        for entry in entries:
-            if (module == entry or module.startswith(entry + ".")) and (best is None or len(entry) > best[1]):
-                best = (number, len(entry))
-    return best[0] if best else None
+        if any(module == entry or module.startswith(entry + ".") for entry in entries):
+            return number
+    return None
+
+
+def test_the_floors_name_every_folder_once_and_the_root_holds_only_the_command_line():
+    root = REPO / "nope_lightning"
+    assert sorted(p.name for p in root.glob("*.py")) == ["__init__.py", "cli.py"], \
+        "loose modules at the package root (move them into the folder that says what they are)"
+    entries = [entry for floor in LAYERS for entry in floor]
+    folders = {f"nope_lightning.{p.parent.name}" for p in root.glob("*/__init__.py")}
+    assert len(entries) == len(set(entries)) and set(entries) == folders | {"nope_lightning.cli"}
 
 
 def upward(found: list[Import], layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[str]:
