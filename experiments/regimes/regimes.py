@@ -55,7 +55,9 @@ def row(label: str, report: Path) -> list[str]:
     if repair is not None:
         ours = next(v for k, v in repair.items() if k.startswith("ours"))
         closed = ours.split(" of the gap")[0] if "of the gap" in ours else ours
-    verdicts = Counter(r["verdict"].strip("*") for r in claims)
+    # "1 seed: no verdict about seeds" (a method only one seed ran) counts as "no verdict (1 seed)"
+    verdicts = Counter(r["verdict"].strip("*").replace("1 seed: no verdict about seeds", "no verdict (1 seed)")
+                       for r in claims)
     return [label, f"`{report.parents[1].name}`", f"{by_multiple[1]:.1f}", f"{by_multiple[2] / by_multiple[1]:.2f}",
             f"{by_multiple[4] / by_multiple[1]:.2f}",
             f"{first_number(passkey[shortest]):.2f} at {shortest.split(' (')[0]}" if shortest else "—", closed,
