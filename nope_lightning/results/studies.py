@@ -20,6 +20,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nope_lightning.config.core import load_config
 from nope_lightning.config.pipeline import PipelineConfig
+from nope_lightning.results.bundle import INDEX
+from nope_lightning.results.runkey import RunKey
 
 #: The verdicts a claim can get (``analysis/claims.py``; the last, paper 002's, ``analysis/synthetic_claims.py``),
 #: in the order a verdict count lists them.
@@ -90,11 +92,12 @@ class Study:
     @property
     def reported_seeds(self) -> tuple[int, ...]:
         """The seeds the committed bundle holds results of (its index's ``seed`` tags), sorted; () without one."""
-        index = self.folder / "results/results/index.json"
+        index = self.folder / "results/results" / INDEX
         if not index.is_file():
             return ()
-        entries = json.loads(index.read_text())["results"]
-        return tuple(sorted({int(e["tags"]["seed"]) for e in entries if "seed" in e["tags"]}))
+        # The index alone (Bundle.read would decompress every result): its tags, read as RunKeys are
+        keys = [RunKey.from_tags(e["tags"], e["run_name"]) for e in json.loads(index.read_text())["results"]]
+        return tuple(sorted({key.seed for key in keys if key.seed is not None}))
 
     def seed_count(self) -> str:
         """``4 of 8`` while the committed results hold fewer seeds than the files run, else the count (— for none)."""
@@ -109,7 +112,7 @@ class Study:
         ``no results``."""
         if not (self.folder / "results/report.md").is_file():
             return "no results"
-        return "results + bundle" if (self.folder / "results/results/index.json").is_file() else "results"
+        return "results + bundle" if (self.folder / "results/results" / INDEX).is_file() else "results"
 
 
 def front_matter(text: str) -> dict:
