@@ -80,12 +80,12 @@ def test_overrides_reach_only_their_task_s_cells(grid_file, overrides):
 
 def test_an_override_of_a_task_outside_the_grid_stays_unused(grid_file):
     """One grid file holds every task's recipe; a study picks its tasks: the other tasks' overrides are kept, unused
-    (not checked: pcfg's scratchpad=full would fail on pcfg, and is never merged here)."""
+    (their values not checked: pcfg's n_layer=0 would fail on pcfg, and is never merged here)."""
     plain = load_config(SyntheticGridConfig, grid_file)
-    grid = load_config(SyntheticGridConfig, grid_file, ["task_overrides.pcfg=[trainer.max_steps=9,scratchpad=full]"])
+    grid = load_config(SyntheticGridConfig, grid_file, ["task_overrides.pcfg=[trainer.max_steps=9,model.n_layer=0]"])
     assert grid.cells("p") == plain.cells("p") and grid.task_base("reverse") == plain.base
-    with pytest.raises(ValueError, match="task_overrides.pcfg: scratchpad='full' is not supported by task 'pcfg'"):
-        load_config(SyntheticGridConfig, grid_file, ["tasks=[pcfg]", "task_overrides.pcfg=[scratchpad=full]"])
+    with pytest.raises(ValueError, match="task_overrides.pcfg: model.n_layer=0 is out of range"):
+        load_config(SyntheticGridConfig, grid_file, ["tasks=[pcfg]", "task_overrides.pcfg=[model.n_layer=0]"])
 
 
 @pytest.mark.parametrize("override, message", [
@@ -116,8 +116,12 @@ def test_an_override_of_a_task_outside_the_grid_stays_unused(grid_file):
     ("task_overrides.reverse=[tracking.uri=file:elsewhere]",
      "task_overrides.reverse: 'tracking.uri=file:elsewhere' sets a key the grid sets for every cell; set "
      "base.tracking instead"),
-    ("task_overrides.reverse=[scratchpad=full]",
-     "task_overrides.reverse: scratchpad='full' is not supported by task 'reverse'; supported: none"),
+    *((f"task_overrides.{task}=[{override}]",
+       f"task_overrides.{task}: '{override}' changes the task's format (its input, answer, lengths or scoring), "
+       f"which a recipe may not; set base.{override.split('=')[0]} for the whole grid, as a study of that format")
+      for task, override in (("reverse", "scratchpad=full"), ("pcfg", "scratchpad=full"),
+                             ("addition", "train_max_len=4"), ("copy", "test_max_len=60"),
+                             ("parity", "eval.bucket_width=2"))),
 ])
 def test_a_bad_override_fails_in_one_line_naming_the_fix(grid_file, override, message):
     with pytest.raises(ValueError) as err:

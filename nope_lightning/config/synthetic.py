@@ -27,6 +27,12 @@ from nope_lightning.synthetic.tasks import TASKS, get_task, make_split
 GRID_SET_KEYS = {"task": "tasks", "pos_encoding": "pos_encodings", "model.pos_encoding": "pos_encodings",
                  "seed": "seeds", "name": "name", "tracking": "base.tracking"}
 
+#: Keys that make a task's format: its input and answer (``scratchpad``), the lengths it trains and is tested on
+#: and how its answers are scored (``eval.*``). A recipe changes how a model learns the task (steps, width, depth,
+#: lr, fresh examples), never what the task is, so a task override may not set them: a study of another format
+#: sets it for the whole grid (``base.scratchpad``) and reports it as its own point.
+FORMAT_KEYS = ("scratchpad", "train_max_len", "test_max_len", "eval")
+
 #: The paper's five PEs in our names: NoPE, T5's relative bias, ALiBi, Rotary and APE (sinusoidal, as
 #: the reference's ``abs_sinusoid``; ``learned`` is our other absolute variant, not in the paper's grid).
 PAPER_PES = ("nope", "t5", "alibi", "rope", "sinusoidal")
@@ -206,7 +212,8 @@ class SyntheticGridConfig:
     key, so the grid keeps one tracking setting; a replicate's seed sets ``seeds``, ``Stage.seed``).
     ``task_overrides``: per task, ``key=value`` overrides of ``base`` (``{pcfg: [trainer.max_steps=100000]}``)
     merged onto it for that task's cells only, as ``load_config`` merges a command line (unknown keys and bad
-    values raise naming the task); a key the grid sets per cell (``GRID_SET_KEYS``) is refused; a task not in
+    values raise naming the task); a key the grid sets per cell (``GRID_SET_KEYS``) and a key of the task's
+    format (``FORMAT_KEYS``) are refused, at load, for every task named; a task not in
     ``tasks`` keeps its overrides unused (checked once a grid runs it).
     ``attention_examples_per_length``: examples per length (in-distribution from valid, OOD from test) for the
     attention analysis of every PE against NoPE of the same seed (0: no analysis);
@@ -249,6 +256,10 @@ class SyntheticGridConfig:
                 if grid_key is not None:
                     raise ValueError(f"task_overrides.{task}: {override!r} sets a key the grid sets for "
                                      f"every cell; set {grid_key} instead")
+                if key.split(".")[0] in FORMAT_KEYS:
+                    raise ValueError(f"task_overrides.{task}: {override!r} changes the task's format (its input, "
+                                     f"answer, lengths or scoring), which a recipe may not; set base.{key} for the "
+                                     f"whole grid, as a study of that format")
 
     @property
     def config_hash(self) -> str:
