@@ -6,8 +6,8 @@ neither knows nor cares whether a seed was run here today or committed from anot
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,6 +21,7 @@ from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
 from nope_lightning.results.bundle import STAGE_RESULTS, Bundle, Placed, Recipe
 from nope_lightning.results.core import ResultFile
+from nope_lightning.results.index import ResultIndex
 from nope_lightning.results.runkey import RunKey
 from nope_lightning.runtime import tracking
 
@@ -152,15 +153,12 @@ def pipeline_settings(cfg: ReportConfig, configs: list[Path | None]) -> tuple[li
 
 @dataclass
 class Gathered:
-    """Every source's results: ``evals``, ``searches``, ``tuned`` (HeadScale), ``grids`` (synthetic), each
-    ``point -> method -> seed -> result``, a point being the run's matrix values ``((key, value), ...)`` (``()``
-    without a matrix); the pre-training ``recipes``; and, for the report's bundle, everything ``placed`` and the
-    run-made ``files`` copied into the report's folder."""
+    """Every source's results: ``results``, evaluate, scale-search, HeadScale and synthetic-grid results placed
+    by stage, matrix point (the run's matrix values ``((key, value), ...)``, ``()`` without a matrix), method and
+    seed; the pre-training ``recipes``; and, for the report's bundle, everything ``placed`` and the run-made
+    ``files`` copied into the report's folder."""
 
-    evals: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
-    searches: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
-    tuned: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
-    grids: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(dict)))
+    results: ResultIndex = field(default_factory=ResultIndex)
     recipes: list[Recipe] = field(default_factory=list)
     placed: list[Placed] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
@@ -168,12 +166,10 @@ class Gathered:
 
 def gather(sources: list, out: Path, matrix_keys: list[str]) -> Gathered:
     """Every source's runs, placed. A (stage, point, method, seed) that two sources both hold is a
-    ``ValueError``: which one the report shows must not depend on the order of ``also``."""
+    ``ValueError`` (``ResultIndex.add``): which one the report shows must not depend on the order of ``also``."""
     found = Gathered()
-    tables_by_stage = {"evaluate": found.evals, "scale-search": found.searches,
-                       "headscale": found.tuned, "synthetic-grid": found.grids}  # HeadScale: the claims' (Fig 5)
-    first_seed, origin, identities = None, {}, set()
-    for number, source in enumerate(sources):
+    first_seed, identities = None, set()
+    for source in sources:
         for item in source.items():
             key = item.key
             first_seed = key.seed if first_seed is None else first_seed
@@ -183,11 +179,7 @@ def gather(sources: list, out: Path, matrix_keys: list[str]) -> Gathered:
             point = (tuple((k, values[k]) for k in matrix_keys if k in values)
                      if matrix_keys and key.stage != "synthetic-grid" else key.point)
             if item.result is not None:
-                place = (key.stage, point, key.method, key.seed)
-                if (held := origin.setdefault(place, (number, source.label)))[0] != number:
-                    raise ValueError(f"{held[1]} and {source.label} both hold {key.stage} {key.method!r} "
-                                     f"seed {key.seed}: report each alone, or drop one from also")
-                tables_by_stage[key.stage][point][key.method][key.seed] = item.result
+                found.results.add(dataclasses.replace(key, point=point), item.result, source.label)
                 found.placed.append(Placed(key, item.name, item.result))
             elif item.recipe is not None and item.identity not in identities:
                 identities.add(item.identity)  # once, though steps at several points may share one model

@@ -1,14 +1,14 @@
 """``report``: markdown tables and PNG plots from the runs of a pipeline, with the papers' numbers beside ours.
 
 Reads its sources (``analysis/sources.py``: pipeline runs in MLflow stores, results bundles earlier reports
-wrote) and groups their results by matrix point, method and seed (each run's ``RunKey``). It tests the
-pipeline's claims (``analysis/claims.py``), writes the tables (``analysis/tables.py``) or, for a sweep, the
-sweep section (``analysis/sweep.py``), the figures with their bands, ``report.md``, a self-contained
-``report.html`` and the results it read (``results/``, a bundle: ``results/bundle.py``) under ``out_dir``, and
-logs them, with per-method headline metrics, to the pipeline run itself (artifact folder ``report/``; a rerun
-overwrites them, so there is one report per pipeline run). What it knows of each method (the paper row it sits
-beside, its family, the paired table's reference) is the experiment file's (``tables.Methods``), never read
-from the method's label.
+wrote) and files their results in one index by stage, matrix point, method and seed (``results/index.py``,
+keyed by each run's ``RunKey``). It tests the pipeline's claims (``analysis/claims.py``), writes the tables
+(``analysis/tables.py``) or, for a sweep, the sweep section (``analysis/sweep.py``), the figures with their
+bands, ``report.md``, a self-contained ``report.html`` and the results it read (``results/``, a bundle:
+``results/bundle.py``) under ``out_dir``, and logs them, with per-method headline metrics, to the pipeline run
+itself (artifact folder ``report/``; a rerun overwrites them, so there is one report per pipeline run). What it
+knows of each method (the paper row it sits beside, its family, the paired table's reference) is the experiment
+file's (``tables.Methods``), never read from the method's label.
 """
 
 from __future__ import annotations
@@ -75,9 +75,11 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     configs = [path for source in sources for path in source.configs()]  # downloaded once, read twice
     claim_ids, axes, resamples, matrix_keys, methods = report_sources.pipeline_settings(cfg, configs)
     found = report_sources.gather(sources, out, matrix_keys)
-    evals, searches, tuned, grids = found.evals, found.searches, found.tuned, found.grids
-    points = sorted(set(evals) | set(searches))
-    runs_by_point = {p: {**tuned.get(p, {}), **searches.get(p, {}), **evals.get(p, {})} for p in points}
+    index = found.results
+    points = sorted(index.points("evaluate", "scale-search"))
+    # The claims read a point's HeadScale (Fig 5), scale-search and evaluate runs by method.
+    runs_by_point = {p: {**index.at("headscale", p), **index.at("scale-search", p), **index.at("evaluate", p)}
+                     for p in points}
     sections, figures = [], {}
     if axes:
         text, figures["sweep.png"] = sweep.sweep_section(runs_by_point, axes, resamples)
@@ -85,15 +87,15 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     else:
         for point in points:
             outcomes = [claims.evaluate_claim(CLAIMS_BY_ID[c], runs_by_point[point], resamples) for c in claim_ids]
-            point_text, point_figures = point_sections(evals.get(point, {}), searches.get(point, {}), outcomes,
-                                                       resamples, methods)
+            point_text, point_figures = point_sections(index.at("evaluate", point), index.at("scale-search", point),
+                                                       outcomes, resamples, methods)
             if point:
                 sections.append(f"## Matrix point {', '.join(f'{k} = {v}' for k, v in point)}")
                 point_figures = {f"{_slug(point)}-{n}": f for n, f in point_figures.items()}
             sections += point_text
             figures.update(point_figures)
     # Paper 002: every grid's cells and attention analyses pooled (a study may span several files or seeds).
-    if grid_list := [grid for point in grids.values() for by_seed in point.values() for grid in by_seed.values()]:
+    if grid_list := index.results("synthetic-grid"):
         cells = [cell for grid in grid_list for cell in grid.runs]
         sections += [synthetic_claims.claims_table([*synthetic_claims.evaluate_claims(cells, resamples),
                                                     *attention_claims.evaluate_attention_claims(grid_list)]),
@@ -119,11 +121,11 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     if cfg.run:  # into the pipeline's own run (no run of its own): a rerun overwrites the same artifacts and metrics
         tracking.log_artifacts(cfg.tracking, cfg.run, out, "report")
         logged = tracking.client(cfg.tracking).get_run(cfg.run).data.metrics
-        headline = comparison_metrics(evals.get((), {})) if len(points) <= 1 else {}
+        headline = comparison_metrics(index.at("evaluate", ())) if len(points) <= 1 else {}
         tracking.log_metrics(cfg.tracking, cfg.run, {k: v for k, v in headline.items()
                                                      if logged.get(k) != v})  # no duplicate points on a rerun
     return {"run_id": cfg.run, "markdown": str(out / "report.md"), "html": str(out / "report.html"),
-            "methods": len({m for p in evals.values() for m in p})}
+            "methods": len({key.method for key in index if key.stage == "evaluate"})}
 
 
 def _pipelines_line(pipelines: list[tuple[str, str]]) -> str:
