@@ -110,7 +110,8 @@ STEPS = [
      "overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model", "target_lengths=[128,256]", "grid=[1.0,1.5]"]},
     {"id": "eval_nope", "stage": "evaluate",
      "overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model",
-                   "extension.temperature.uniform=@{search_nope.scale_search/len256/best_lambda}"]},
+                   "extension.temperature.uniform_search=@{search_nope.run_id}",
+                   "extension.temperature.uniform_search_len=256"]},
 ]
 
 
@@ -146,8 +147,18 @@ def test_the_unbroken_copy_plans(dry_run, tmp_path):
      "step eval_nope: @{eval_nope.run_id} refers to this step itself"),
     (2, {"overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model",
                        "extension.temperature.uniform=@{search_nope.scale_search/len512/best_lambda}"]},
-     "step eval_nope: @{search_nope.scale_search/len512/best_lambda}: step 'search_nope' has no result "
-     "'scale_search/len512/best_lambda' (it has run_id, scale_search/fit_a"),
+     "step eval_nope: extension.temperature.uniform=@{search_nope.scale_search/len512/best_lambda}: a searched "
+     "lambda as text is not checked against the evaluated model; write extension.temperature.uniform_search="
+     "@{search_nope.run_id} extension.temperature.uniform_search_len=512"),
+    (2, {"overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model",
+                       "extension.temperature.uniform_search=@{search_nope.run_id}",
+                       "extension.temperature.uniform_search_len=512"]},
+     "step eval_nope: extension.temperature.uniform_search_len=512: step 'search_nope' searches target_lengths "
+     "[128, 256]; name one of them"),
+    (2, {"overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model",
+                       "extension.temperature.uniform_search=@{search_nope.run_id}"]},
+     "step eval_nope: extension.temperature.uniform_search and uniform_search_len name a scale-search and the "
+     "target length whose best lambda to use: give both, or neither"),
     (2, {"overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model", "eval_lengths=[64,1024]"]},
      # 1024 + BOS + the 40-token answer of the long-context task variable_tracking (evaluate's default tasks)
      "step eval_nope: evaluation needs 1065 positions (longest length + generated tokens), over "

@@ -59,6 +59,13 @@ class AttentionTemperature:
     evaluated model (the fit is refused when it was run on another model); under ``model`` the settings are
     resolved ones: local files and no fit.
 
+    ``uniform_search`` (a scale-search run: id, ``runs:/<id>`` or its ``scale_search.json``) with
+    ``uniform_search_len`` (one of its target lengths, tokens): ``uniform`` becomes that search's best lambda at
+    that length, read for the evaluated model (refused when the search ran on another model, or searched
+    iRoPE's beta), as HeadScale's ``init=search`` reads it. Give both or neither, and not with ``uniform`` != 1;
+    like the fit, evaluate's only (under ``model``, ``uniform`` is the resolved lambda). In a pipeline:
+    ``extension.temperature.uniform_search=@{search.run_id}``, not the search's ``best_lambda`` as text.
+
     iRoPE's inference-time temperature (Llama 4), on the **NoPE layers only** (``ModelConfig.layer_encodings``):
     the query at 0-based position i is multiplied by ``1 + irope_beta ln(floor((i + 1) / F) + 1)`` with
     ``F = irope_floor x L`` tokens. ``irope_beta`` is Llama 4's ``attn_scale`` (0: off; Llama 4 uses 0.1).
@@ -81,6 +88,8 @@ class AttentionTemperature:
     log_slope: float = 0.0
     log_slope_table: str = ""
     log_slope_fit: str = ""
+    uniform_search: str = ""
+    uniform_search_len: int = 0
     irope_beta: float = 0.0
     irope_floor: float = 1.0
     reset_layers: list[int] = field(default_factory=list)
@@ -96,7 +105,14 @@ class AttentionTemperature:
             raise ValueError(f"{prefix}.reset_layers resets rows of a per-head table: set {prefix}.table too")
         if any(layer < 0 for layer in self.reset_layers) or len(set(self.reset_layers)) < len(self.reset_layers):
             raise ValueError(f"{prefix}.reset_layers={self.reset_layers}: distinct 0-based layer indices")
-        if self.past_only and not self.table and self.uniform == 1.0:
+        if bool(self.uniform_search) != (self.uniform_search_len != 0):
+            raise ValueError(f"{prefix}.uniform_search and uniform_search_len name a scale-search and the target "
+                             f"length whose best lambda to use: give both, or neither")
+        check_range(f"{prefix}.uniform_search_len", self.uniform_search_len, 0)
+        if self.uniform_search and self.uniform != 1.0:
+            raise ValueError(f"{prefix}.uniform={self.uniform:g} and uniform_search both set the uniform lambda: "
+                             f"give one")
+        if self.past_only and not self.table and self.uniform == 1.0 and not self.uniform_search:
             raise ValueError(f"{prefix}.past_only=true applies lambda past L only, and there is none to apply: set "
                              f"{prefix}.table (HeadScale past L's) or {prefix}.uniform")
         if (self.log_slope > 0) + bool(self.log_slope_table) + bool(self.log_slope_fit) > 1:
@@ -106,6 +122,9 @@ class AttentionTemperature:
         if self.log_slope_fit:
             raise ValueError(f"{prefix}.log_slope_fit: a model takes the slope itself ({prefix}.log_slope=<a>); "
                              f"a scale-search fit is for evaluate's extension.temperature.log_slope_fit")
+        if self.uniform_search:
+            raise ValueError(f"{prefix}.uniform_search: a model takes its lambda itself ({prefix}.uniform=<lambda>); "
+                             f"a searched lambda is for evaluate's extension.temperature.uniform_search")
         for key in ("table", "log_slope_table"):
             if getattr(self, key).startswith("runs:/"):
                 raise ValueError(f"{prefix}.{key}: a model reads a local file; a runs:/ artifact is for "

@@ -1,13 +1,14 @@
 """Length-extension settings resolved for one trained model, and the one reader of scale-search results.
 
 A user writes an ``ExtensionConfig`` (``extension.*``: temperatures, RoPE scaling, attention backend) whose
-temperature tables may be ``runs:/<run_id>/<artifact path>`` references and whose ``log_slope_fit`` names a
-scale-search run. ``load_extended`` resolves it for one model (``resolve_temperature``: tables downloaded to
-local files, the fit read into ``log_slope``) and hands the typed settings to ``checkpoint.load_model``.
-A scale-search result is read here only (``read_scale_search``) and always checked against the model it is
-applied to (``scale_search_for``): evaluate's ``extension.temperature.log_slope_fit``, HeadScale's
-``init=search`` (the best uniform temperature at ``target_len``) and HeadScale-log's (the fit a) all go
-through it.
+temperature tables may be ``runs:/<run_id>/<artifact path>`` references and whose ``log_slope_fit`` and
+``uniform_search`` name scale-search runs. ``load_extended`` resolves it for one model (``resolve_temperature``:
+tables downloaded to local files, the fit read into ``log_slope``, the searched lambda into ``uniform``) and
+hands the typed settings to ``checkpoint.load_model``. A scale-search result is read here only
+(``read_scale_search``) and always checked against the model it is applied to (``scale_search_for``):
+evaluate's ``extension.temperature.log_slope_fit`` and ``uniform_search`` (the best uniform temperature at
+``uniform_search_len``), HeadScale's ``init=search`` (the same at ``target_len``) and HeadScale-log's (the fit
+a) all go through it.
 """
 
 from __future__ import annotations
@@ -40,15 +41,21 @@ def load_extended(checkpoint: str, ext: ExtensionConfig, tracking_cfg: TrackingC
 
 def resolve_temperature(settings: AttentionTemperature, folder: Path,
                         tracking_cfg: TrackingConfig) -> AttentionTemperature:
-    """``settings`` with its ``runs:/`` tables downloaded and its ``log_slope_fit`` read into ``log_slope``
-    (refused when the scale-search ran on another model than the export ``folder``)."""
-    log_slope = settings.log_slope
+    """``settings`` with its ``runs:/`` tables downloaded, its ``log_slope_fit`` read into ``log_slope`` and its
+    ``uniform_search`` into ``uniform`` (each refused when the scale-search ran on another model than the export
+    ``folder``)."""
+    log_slope, uniform = settings.log_slope, settings.uniform
     if settings.log_slope_fit:
         setting = f"extension.temperature.log_slope_fit={settings.log_slope_fit}"
         result = scale_search_for(settings.log_slope_fit, tracking_cfg, weights_fingerprint(folder), setting)
         log_slope = fitted_slope(result, setting)
-    return dataclasses.replace(settings, table=local_file(settings.table, tracking_cfg), log_slope=log_slope,
-                               log_slope_table=local_file(settings.log_slope_table, tracking_cfg), log_slope_fit="")
+    if settings.uniform_search:
+        setting = f"extension.temperature.uniform_search={settings.uniform_search}"
+        result = scale_search_for(settings.uniform_search, tracking_cfg, weights_fingerprint(folder), setting)
+        uniform = best_temperature(result, settings.uniform_search_len, setting)
+    return dataclasses.replace(settings, uniform=uniform, table=local_file(settings.table, tracking_cfg),
+                               log_slope=log_slope, log_slope_table=local_file(settings.log_slope_table, tracking_cfg),
+                               log_slope_fit="", uniform_search="", uniform_search_len=0)
 
 
 def local_file(ref: str, tracking_cfg: TrackingConfig) -> str:
@@ -102,12 +109,15 @@ def fitted_slope(result: ScaleSearchResult, setting: str) -> float:
 
 
 def extension_label(ext: ExtensionConfig) -> str:
-    """Short name of a setting for run names and tables, e.g. ``plain``, ``lam1.2``, ``table``, ``log0.3``,
-    ``logfit``, ``logtable``, ``table-past`` (lambda past L only), ``irope0.1`` (``irope0.1f2`` at irope_floor 2),
-    ``yarn4``."""
+    """Short name of a setting for run names and tables, e.g. ``plain``, ``lam1.2``, ``lamsearch256`` (a
+    scale-search's best lambda at 256 tokens, named like ``logfit`` by where it comes from), ``table``,
+    ``log0.3``, ``logfit``, ``logtable``, ``table-past`` (lambda past L only), ``irope0.1`` (``irope0.1f2`` at
+    irope_floor 2), ``yarn4``."""
     temperature, parts = ext.temperature, []
     if temperature.uniform != 1.0:
         parts.append(f"lam{temperature.uniform:g}")
+    if temperature.uniform_search:
+        parts.append(f"lamsearch{temperature.uniform_search_len}")
     if temperature.table:
         parts.append("table")
     if temperature.past_only:

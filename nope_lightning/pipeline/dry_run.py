@@ -37,6 +37,7 @@ from nope_lightning.training.budget import (
 )
 
 PARENT = "dry-run-parent"  # the parent run id the step configs are nested under (no run is created)
+SEARCHED_UNIFORM = 2.0  # a searched lambda's stand-in in the model config the dry run builds (any lambda != 1)
 
 @dataclass(frozen=True)
 class Model:
@@ -45,6 +46,16 @@ class Model:
 
     step: str
     cfg: PretrainConfig
+
+
+@dataclass(frozen=True)
+class Search:
+    """A scale-search a step of this file runs: the step, the model it searches on (None: not trained here) and
+    its target lengths (tokens)."""
+
+    step: str
+    model: Model | None
+    targets: tuple[int, ...]
 
 
 class Placeholders(dict):
@@ -81,10 +92,11 @@ def plan(cfg: PipelineConfig, quiet: bool = False) -> dict[str, Any]:
     references = reference_problems(cfg)
     results: dict[str, dict] = {}
     models: dict[str, Model] = {}  # run id placeholder -> the model that run exports
+    searches: dict[str, Search] = {}  # run id placeholder -> the scale-search that run is
     instances = expand(cfg)
     steps = []
     for number, instance in enumerate(instances, 1):
-        entry = plan_step(instance, cfg, references[instance.step.id], results, models)
+        entry = plan_step(instance, cfg, references[instance.step.id], results, models, searches)
         steps.append(entry)
         if not quiet:
             status = "; ".join(entry["problems"]) or "ok"
@@ -99,8 +111,9 @@ def plan(cfg: PipelineConfig, quiet: bool = False) -> dict[str, Any]:
 
 
 def plan_step(instance: Instance, cfg: PipelineConfig, references: list[str], results: dict[str, dict],
-              models: dict[str, Model]) -> dict[str, Any]:
-    """One instance's plan entry; records its placeholder results (and the model it trains) for the later ones."""
+              models: dict[str, Model], searches: dict[str, Search]) -> dict[str, Any]:
+    """One instance's plan entry; records its placeholder results (and the model it trains, or the search it
+    is) for the later ones."""
     step = instance.step
     entry: dict[str, Any] = {"id": instance.id, "stage": step.stage, "label": step.label, "model": None,
                              "lengths": {}, "training_tokens": 0, "data": None, "notes": [],
@@ -124,11 +137,31 @@ def plan_step(instance: Instance, cfg: PipelineConfig, references: list[str], re
         entry["notes"].append(f"checkpoint {checkpoint} is not trained by this file: its lengths are unchecked")
     if step.stage in CHECKS:
         CHECKS[step.stage](stage_cfg, model, entry)
+    if step.stage == "evaluate" and stage_cfg.extension.temperature.uniform_search:
+        searched_lambda_problems(stage_cfg.extension.temperature, model, searches, entry)
     keys = get_stage(step.stage).result_keys(stage_cfg, model.cfg.train_len if model is not None else None)
     results[instance.id] = Placeholders(instance.id, keys)
     if step.stage in ("pretrain", "finetune") and model is not None:
         models[results[instance.id]["run_id"]] = Model(instance.id, model.cfg)
+    if step.stage == "scale-search":
+        searches[results[instance.id]["run_id"]] = Search(instance.id, model, tuple(stage_cfg.target_lengths))
     return entry
+
+
+def searched_lambda_problems(temperature, model: Model | None, searches: dict[str, Search], entry: dict) -> None:
+    """A searched lambda (``uniform_search``) of a search this file runs must come from a search on the model
+    this step evaluates (the run refuses another model's) at a length it searches."""
+    search = searches.get(temperature.uniform_search.removeprefix("runs:/").split("/")[0])
+    if search is None:
+        return
+    if model is not None and search.model is not None and search.model.step != model.step:
+        entry["problems"].append(f"extension.temperature.uniform_search: step {search.step!r} searches the model "
+                                 f"step {search.model.step!r} trains, this step evaluates the one step "
+                                 f"{model.step!r} trains; the run refuses a lambda searched on another model: "
+                                 f"search this one")
+    if temperature.uniform_search_len not in search.targets:
+        entry["problems"].append(f"extension.temperature.uniform_search_len={temperature.uniform_search_len}: step "
+                                 f"{search.step!r} searches target_lengths {list(search.targets)}; name one of them")
 
 
 def shared_out_dirs(steps: list[dict]) -> list[str]:
@@ -213,11 +246,14 @@ def extension_problem(ext, model: Model, entry: dict) -> None:
     """The model config ``evaluate`` will load, ``ext``'s settings on the trained model's (as ``load_model``
     builds it), must be valid: e.g. iRoPE's temperature on a model with no NoPE layer is refused here, before the
     pre-training the evaluation waits for, not after it."""
-    # Its tables and fit are artifacts of earlier steps, downloaded only when the step runs: a table stands as a
-    # placeholder (what needs one, such as reset_layers, sees it set), the fit as unset.
+    # Its tables, fit and searched lambda are artifacts of earlier steps, read only when the step runs: a table
+    # stands as a placeholder (what needs one, such as reset_layers, sees it set), the fit as unset, the searched
+    # lambda as some lambda != 1 (what needs one, such as past_only, sees it set).
     placeholder = {key: "<an earlier step's table>" if getattr(ext.temperature, key) else ""
                    for key in ("table", "log_slope_table")}
-    temperature = dataclasses.replace(ext.temperature, **placeholder, log_slope_fit="")
+    uniform = SEARCHED_UNIFORM if ext.temperature.uniform_search else ext.temperature.uniform
+    temperature = dataclasses.replace(ext.temperature, **placeholder, log_slope_fit="", uniform=uniform,
+                                      uniform_search="", uniform_search_len=0)
     settings = {"temperature": temperature, "attention_backend": ext.attention_backend}
     if ext.rope_scaling.method != "none":
         settings["rope_scaling"] = ext.rope_scaling

@@ -39,6 +39,8 @@ from nope_lightning.stages.registry import get_stage, stage_config
 
 #: ``@{step.key}``, ``@{seed}`` and ``@{matrix.key}``.
 REFERENCE = re.compile(r"@\{([\w-]+)(?:\.([\w/.-]+))?\}")
+#: A scale-search's best lambda at a length as an earlier step's result, ``scale_search/len256/best_lambda``.
+SEARCHED_LAMBDA = re.compile(r"scale_search/len(\d+)/best_lambda")
 
 
 @dataclass(frozen=True)
@@ -83,12 +85,14 @@ def expand(cfg: PipelineConfig) -> list[Instance]:
 
 def reference_problems(cfg: PipelineConfig) -> dict[str, list[str]]:
     """``step id -> problems`` of its references: an unknown, later or self step, a step that does not run at
-    every point this one runs at, ``@{seed}`` without seeds, an unknown matrix key. Empty lists when fine."""
+    every point this one runs at, ``@{seed}`` without seeds, an unknown matrix key, a searched lambda passed as
+    text (``searched_lambda_problem``). Empty lists when fine."""
     order = [step.id for step in cfg.steps]
     problems: dict[str, list[str]] = {}
     for here, step in enumerate(cfg.steps):
         found = problems.setdefault(step.id, [])
         for override in step.overrides:
+            found += searched_lambda_problem(override)
             for name, key in REFERENCE.findall(override):
                 where = f"@{{{name}{'.' + key if key else ''}}}"
                 if name == "seed":
@@ -117,6 +121,18 @@ def reference_problems(cfg: PipelineConfig) -> dict[str, list[str]]:
                         found.append(f"{where}: step {name!r} does not run at matrix point "
                                      f"{dict(missing[0])}, where {step.id!r} runs (its `only` is narrower)")
     return problems
+
+
+def searched_lambda_problem(override: str) -> list[str]:
+    """A scale-search's ``best_lambda`` put into ``extension.temperature.uniform`` as text would skip the check
+    that the search ran on the evaluated model: one line naming the typed reference that makes it."""
+    key, _, value = override.partition("=")
+    if not key.strip().endswith("extension.temperature.uniform"):
+        return []
+    return [f"{key.strip()}={value}: a searched lambda as text is not checked against the evaluated model; write "
+            f"extension.temperature.uniform_search=@{{{name}.run_id}} "
+            f"extension.temperature.uniform_search_len={match.group(1)}"
+            for name, ref in REFERENCE.findall(value) if (match := SEARCHED_LAMBDA.fullmatch(ref))]
 
 
 def substitute(text: str, instance: Instance, results: Mapping[str, Mapping[str, Any]]) -> str:
@@ -187,6 +203,8 @@ ADDED_FIELDS: dict[str, Any] = {
     "fused": False,
     # a per-head lambda applied past the training length only (HeadScale past L)
     "past_only": False,
+    # a scale-search's best lambda as a typed reference, checked against the evaluated model
+    "uniform_search": "", "uniform_search_len": 0,
 }
 
 #: Fields whose value never changes a step's result, hashed as the one value every step recorded before they
