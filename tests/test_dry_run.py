@@ -158,7 +158,7 @@ def test_the_unbroken_copy_plans(dry_run, tmp_path):
     (2, {"overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model",
                        "extension.temperature.uniform_search=@{search_nope.run_id}"]},
      "step eval_nope: extension.temperature.uniform_search and uniform_search_len name a scale-search and the "
-     "target length whose best lambda to use: give both, or neither"),
+     "length whose best lambda is extension.temperature.uniform: give both (and no uniform), or neither"),
     (2, {"overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model", "eval_lengths=[64,1024]"]},
      # 1024 + BOS + the 40-token answer of the long-context task variable_tracking (evaluate's default tasks)
      "step eval_nope: evaluation needs 1065 positions (longest length + generated tokens), over "

@@ -1,9 +1,10 @@
-"""A study's steps hand each other typed values: a searched lambda as a reference to its scale-search
-(``extension.temperature.uniform_search``), checked against the evaluated model as HeadScale's ``init=search``
-is, never as text."""
+"""A study's steps hand each other typed values, never text: a searched lambda as a reference to its
+scale-search (``extension.temperature.uniform_search``), checked against the evaluated model as HeadScale's
+``init=search`` is; a replicate's seed as an int in a typed config layer."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import struct
 from pathlib import Path
@@ -11,12 +12,25 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nope_lightning.config.core import flatten, load_config, to_dict
 from nope_lightning.config.parts import AttentionTemperature, TrackingConfig
+from nope_lightning.config.stages import PretrainConfig
 from nope_lightning.model.checkpoint import WEIGHTS
 from nope_lightning.model.extension import BETA_UNITS, extension_label, resolve_temperature
-from nope_lightning.pipeline.steps import Instance, reference_problems, searched_lambda_problem, substitute
+from nope_lightning.pipeline.steps import (
+    Instance,
+    config_path,
+    defaults,
+    expand,
+    reference_problems,
+    searched_lambda_problem,
+    step_config,
+    step_hash,
+    substitute,
+)
 from nope_lightning.results.search import ScaleSearchResult
-from nope_lightning.stages.registry import run_stage, stage_config
+from nope_lightning.stages.registry import get_stage, run_stage, stage_config
+from tests.conftest import REPO
 
 #: Best lambdas whose decimal text is long: the text route printed and parsed them back.
 AWKWARD = [0.1 + 0.2, 1.2345678901234567, 2.0 / 3.0, 1.0 + 2.0 ** -52]
@@ -75,12 +89,13 @@ def test_a_search_on_another_model_is_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["extension.temperature.uniform_search=abc"], "give both, or neither"),
-    (["extension.temperature.uniform_search_len=256"], "give both, or neither"),
+    (["extension.temperature.uniform_search=abc"], r"give both \(and no uniform\), or neither"),
+    (["extension.temperature.uniform_search_len=256"], r"give both \(and no uniform\), or neither"),
     (["extension.temperature.uniform_search=abc", "extension.temperature.uniform_search_len=-256"],
      "uniform_search_len=-256 is out of range"),
     (["extension.temperature.uniform_search=abc", "extension.temperature.uniform_search_len=256",
-      "extension.temperature.uniform=1.5"], "uniform=1.5 and uniform_search both set the uniform lambda: give one"),
+      "extension.temperature.uniform=1.5"], r"whose best lambda is extension.temperature.uniform: give both \(and "
+                                            r"no uniform\), or neither"),
 ])
 def test_the_typed_reference_is_validated_where_it_is_written(overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -88,7 +103,7 @@ def test_the_typed_reference_is_validated_where_it_is_written(overrides, message
 
 
 def test_a_model_takes_its_lambda_resolved_and_past_only_accepts_a_searched_one():
-    with pytest.raises(ValueError, match="model.temperature.uniform_search: a model takes its lambda itself"):
+    with pytest.raises(ValueError, match=r"model.temperature.uniform_search: a model takes the value itself \(model.temperature.uniform=<lambda>\)"):
         stage_config("pretrain", "conf/pretrain/tiny.yaml", ["model.temperature.uniform_search=abc",
                                                              "model.temperature.uniform_search_len=256"])
     cfg = stage_config("evaluate", None, ["checkpoint=x", "extension.temperature.uniform_search=abc",
@@ -132,3 +147,45 @@ def test_the_dry_run_refuses_a_lambda_searched_on_another_model_of_the_file(tmp_
         "step eval_b: extension.temperature.uniform_search: step 'search_a' searches the model step 'pretrain_a' "
         "trains, this step evaluates the one step 'pretrain_b' trains; the run refuses a lambda searched on "
         "another model: search this one"]
+
+
+# --- a replicate's seed: a typed layer, an int from the file to the stage config -------------------------
+
+
+def test_a_stage_takes_its_replicate_seed_as_a_typed_layer():
+    assert get_stage("pretrain").seed_layer(1234) == {"seed": 1234}
+    assert get_stage("synthetic-grid").seed_layer(1234) == {"seeds": [1234]}
+    assert type(get_stage("pretrain").seed_layer(1234)["seed"]) is int
+    assert get_stage("evaluate").seed == ""  # an evaluation keeps its own prompts in every replicate
+    # Layers sit between the YAML and the overrides, in order: the last word is the overrides'.
+    assert load_config(PretrainConfig, "conf/pretrain/tiny.yaml", layers=[["seed=3"], {"seed": 5}]).seed == 5
+    assert load_config(PretrainConfig, "conf/pretrain/tiny.yaml", ["seed=7"], layers=[{"seed": 5}]).seed == 7
+
+
+@pytest.mark.parametrize("path, stage, text", [("experiments/tiny/tiny.yaml", "pretrain", "seed=4321"),
+                                               ("experiments/synthetic/synthetic_quick.yaml", "synthetic-grid",
+                                                "seeds=[4321]")])
+def test_a_replicates_seed_reaches_its_config_and_hash_as_the_text_route_gave(path, stage, text, tracking_overrides):
+    """YAML <- common <- seed <- step overrides <- tracking, the seed an int, where it was the text ``text``."""
+    cfg = stage_config("pipeline", str(REPO / path), [*tracking_overrides, "seeds=[4321]"])
+    instance = next(i for i in expand(cfg) if i.step.stage == stage)
+    typed = step_config(instance, cfg, {}, "parent")
+    # The text route, one dotlist (as step_config built it before the typed layer).
+    keys = set(flatten(defaults(get_stage(stage).config_class())))
+    t, where = cfg.tracking, get_stage(stage).tracking
+    tracked = [f"{where}.{k}={v}" for k, v in (("uri", t.uri), ("artifact_root", t.artifact_root),
+                                               ("experiment", t.experiment), ("parent_run_id", "parent"))]
+    tracked += [f"name={instance.step.label}{instance.key.suffix}"] if instance.step.label and "name" in keys else []
+    old = stage_config(stage, config_path(instance.step.config), [
+        *[o for o in cfg.common if o.split("=", 1)[0] in keys], text,
+        *[substitute(o, instance, {}) for o in instance.step.overrides], *tracked])
+    assert to_dict(typed) == to_dict(old) and step_hash(typed) == step_hash(old)
+    seeds = [typed.seed] if stage == "pretrain" else typed.seeds
+    assert seeds == [4321] and type(seeds[0]) is int
+
+
+def test_a_step_that_sets_its_seed_keeps_it(tracking_overrides):
+    cfg = stage_config("pipeline", str(REPO / "experiments/tiny/tiny.yaml"), [*tracking_overrides, "seeds=[4321]"])
+    pretrain = next(i for i in expand(cfg) if i.step.stage == "pretrain")
+    step = dataclasses.replace(pretrain.step, overrides=[*pretrain.step.overrides, "seed=99"])
+    assert step_config(Instance(step, 4321, ()), cfg, {}, "parent").seed == 99

@@ -57,14 +57,11 @@ class AttentionTemperature:
     ``scale_search.json``) whose fit a to use. Under ``extension`` a table may also be
     ``runs:/<run_id>/<artifact path>``, and ``nope_lightning.model.extension`` resolves both references for the
     evaluated model (the fit is refused when it was run on another model); under ``model`` the settings are
-    resolved ones: local files and no fit.
-
-    ``uniform_search`` (a scale-search run: id, ``runs:/<id>`` or its ``scale_search.json``) with
-    ``uniform_search_len`` (one of its target lengths, tokens): ``uniform`` becomes that search's best lambda at
-    that length, read for the evaluated model (refused when the search ran on another model, or searched
-    iRoPE's beta), as HeadScale's ``init=search`` reads it. Give both or neither, and not with ``uniform`` != 1;
-    like the fit, evaluate's only (under ``model``, ``uniform`` is the resolved lambda). In a pipeline:
-    ``extension.temperature.uniform_search=@{search.run_id}``, not the search's ``best_lambda`` as text.
+    resolved ones: local files and no fit. Like the fit, evaluate's ``uniform_search`` (a scale-search run) with
+    ``uniform_search_len`` (one of its target lengths) sets ``uniform`` to that search's best lambda there, read
+    for the evaluated model as HeadScale's ``init=search`` reads it (another model's search or a beta search is
+    refused): both or neither, not with ``uniform`` != 1. In a pipeline it is ``uniform_search=@{<step>.run_id}``,
+    never the search's ``best_lambda`` put into ``uniform`` as text.
 
     iRoPE's inference-time temperature (Llama 4), on the **NoPE layers only** (``ModelConfig.layer_encodings``):
     the query at 0-based position i is multiplied by ``1 + irope_beta ln(floor((i + 1) / F) + 1)`` with
@@ -105,13 +102,10 @@ class AttentionTemperature:
             raise ValueError(f"{prefix}.reset_layers resets rows of a per-head table: set {prefix}.table too")
         if any(layer < 0 for layer in self.reset_layers) or len(set(self.reset_layers)) < len(self.reset_layers):
             raise ValueError(f"{prefix}.reset_layers={self.reset_layers}: distinct 0-based layer indices")
-        if bool(self.uniform_search) != (self.uniform_search_len != 0):
-            raise ValueError(f"{prefix}.uniform_search and uniform_search_len name a scale-search and the target "
-                             f"length whose best lambda to use: give both, or neither")
         check_range(f"{prefix}.uniform_search_len", self.uniform_search_len, 0)
-        if self.uniform_search and self.uniform != 1.0:
-            raise ValueError(f"{prefix}.uniform={self.uniform:g} and uniform_search both set the uniform lambda: "
-                             f"give one")
+        if bool(self.uniform_search) != bool(self.uniform_search_len) or self.uniform_search and self.uniform != 1:
+            raise ValueError(f"{prefix}.uniform_search and uniform_search_len name a scale-search and the length "
+                             f"whose best lambda is {prefix}.uniform: give both (and no uniform), or neither")
         if self.past_only and not self.table and self.uniform == 1.0 and not self.uniform_search:
             raise ValueError(f"{prefix}.past_only=true applies lambda past L only, and there is none to apply: set "
                              f"{prefix}.table (HeadScale past L's) or {prefix}.uniform")
@@ -119,12 +113,10 @@ class AttentionTemperature:
             raise ValueError(f"{prefix}.log_slope, log_slope_table and log_slope_fit all set the slopes a: give one")
         if not resolved:
             return
-        if self.log_slope_fit:
-            raise ValueError(f"{prefix}.log_slope_fit: a model takes the slope itself ({prefix}.log_slope=<a>); "
-                             f"a scale-search fit is for evaluate's extension.temperature.log_slope_fit")
-        if self.uniform_search:
-            raise ValueError(f"{prefix}.uniform_search: a model takes its lambda itself ({prefix}.uniform=<lambda>); "
-                             f"a searched lambda is for evaluate's extension.temperature.uniform_search")
+        for key, resolved_key in (("log_slope_fit", "log_slope=<a>"), ("uniform_search", "uniform=<lambda>")):
+            if getattr(self, key):
+                raise ValueError(f"{prefix}.{key}: a model takes the value itself ({prefix}.{resolved_key}); a "
+                                 f"scale-search reference is for evaluate's extension.temperature.{key}")
         for key in ("table", "log_slope_table"):
             if getattr(self, key).startswith("runs:/"):
                 raise ValueError(f"{prefix}.{key}: a model reads a local file; a runs:/ artifact is for "
