@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,6 +34,8 @@ CHECKPOINTING = ("auto", "true", "false")
 MIN_RESAMPLES = 100
 
 T = TypeVar("T")
+#: A config layer above the YAML file: ``key=value`` overrides, or a nested dict of typed values.
+Layer = list[str] | tuple[str, ...] | Mapping[str, Any]
 
 
 def check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
@@ -74,23 +77,27 @@ def _format_error(err: OmegaConfBaseException) -> str:
 
 
 def load_config(cls: type[T] | T, yaml_path: str | os.PathLike | None = None,
-                overrides: list[str] | tuple[str, ...] = ()) -> T:
-    """Merge ``cls`` defaults <- YAML file (after the files it ``extends``, ``file_layers``) <- ``key=value``
-    overrides into a validated ``cls``. ``cls`` may be a config instance: its values stand in for the defaults
-    (a synthetic grid's per-task overrides of ``base``).
+                overrides: list[str] | tuple[str, ...] = (), *, layers: Sequence[Layer] = ()) -> T:
+    """Merge ``cls`` defaults <- YAML file (after the files it ``extends``, ``file_layers``) <- ``layers`` in order
+    <- ``key=value`` overrides into a validated ``cls``. ``cls`` may be a config instance: its values stand in for
+    the defaults (a synthetic grid's per-task overrides of ``base``). A layer is a list of ``key=value``
+    overrides or a nested dict of typed values, which reach the config without passing through text (a
+    pipeline's replicate seed, ``pipeline/steps.py``).
 
     Raises ``ValueError`` (naming the key) for unknown keys, wrong types, bad choices, out-of-range
     values and malformed overrides; ``FileNotFoundError`` for a missing YAML file.
     """
-    layers: list[Any] = [OmegaConf.structured(cls)]
+    stack: list[Any] = [OmegaConf.structured(cls)]
     if yaml_path is not None:
-        layers.extend(file_layers(Path(yaml_path)))
-    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+        stack.extend(file_layers(Path(yaml_path)))
+    given = [*layers, overrides]
+    bad = [o for layer in given if not isinstance(layer, Mapping) for o in layer if "=" not in o or o.startswith("=")]
     if bad:
         raise ValueError(f"overrides must look like key=value, got: {' '.join(bad)}")
     try:
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
-        merged = OmegaConf.merge(*layers)
+        stack += [OmegaConf.create(dict(layer)) if isinstance(layer, Mapping) else OmegaConf.from_dotlist(list(layer))
+                  for layer in given]
+        merged = OmegaConf.merge(*stack)
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
             raise ValueError(f"missing required config values: {', '.join(missing)}")

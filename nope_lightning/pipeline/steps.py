@@ -8,13 +8,13 @@ replicate's seed and ``@{matrix.<key>}`` the point's value. Instance ids are the
 seed, ``pretrain_nope[n_layer=2,seed=1234]``; without seeds and matrix they are the bare step ids, so files
 without either behave (and resume) exactly as before.
 
-Stages that train from scratch take the replicate's seed through the override their registry entry declares
-(``Stage.seed``) unless the step sets that key itself: ``seed=<seed>`` for a pre-training or a synthetic run,
-``seeds=[<seed>]`` for a synthetic grid, which so runs one grid per replicate, each reused, resumed and tagged
-with its seed like any step (a file without ``seeds`` runs the grid's own seed list as one step, whose tables
-average over those seeds). Every other step keeps its own settings (HeadScale's data seed, the evaluation
-prompts), so across replicates only the trained models differ and comparisons on the same prompts and tokens stay
-paired. A step's tracking (the pipeline's store, nested under its run) goes where its stage keeps it
+Stages that train from scratch take the replicate's seed in the key their registry entry declares
+(``Stage.seed``, a typed config layer: the seed stays an ``int``) unless the step sets that key itself: ``seed``
+for a pre-training or a synthetic run, ``seeds`` (``[<seed>]``) for a synthetic grid, which so runs one grid per
+replicate, each reused, resumed and tagged with its seed like any step (a file without ``seeds`` runs the grid's
+own seed list as one step, whose tables average over those seeds). Every other step keeps its own settings
+(HeadScale's data seed, the evaluation prompts), so across replicates only the trained models differ and
+comparisons on the same prompts and tokens stay paired. A step's tracking (the pipeline's store, nested under its run) goes where its stage keeps it
 (``Stage.tracking``: ``base.tracking`` for a grid, whose cells copy it).
 """
 
@@ -157,22 +157,22 @@ def substitute(text: str, instance: Instance, results: Mapping[str, Mapping[str,
 
 def step_config(instance: Instance, cfg: PipelineConfig, results: Mapping[str, Mapping[str, Any]], parent: str):
     """The validated stage config of ``instance``: its YAML <- common overrides (where the key exists) <- the
-    replicate's seed (the stages that declare a ``Stage.seed``) <- its overrides with references resolved <- the
-    pipeline's tracking at the stage's ``Stage.tracking``, nested under ``parent``, and a run name unique to the
-    instance."""
+    replicate's seed (the stages that declare a ``Stage.seed``; a typed layer, an ``int``) <- its overrides with
+    references resolved <- the pipeline's tracking at the stage's ``Stage.tracking``, nested under ``parent``,
+    and a run name unique to the instance."""
     step, stage = instance.step, get_stage(instance.step.stage)
     keys = set(flatten(defaults(stage.config_class())))
     common = [o for o in cfg.common if o.split("=", 1)[0] in keys]
     overrides = [substitute(o, instance, results) for o in step.overrides]
     # Before the step's overrides: a step that sets its seed itself keeps it.
-    seeded = [stage.seed.format(seed=instance.seed)] if instance.seed is not None and stage.seed else []
+    seeded = stage.seed_layer(instance.seed) if instance.seed is not None and stage.seed else {}
     t = cfg.tracking
     tracked = [f"{stage.tracking}.{key}={value}" for key, value in (
         ("uri", t.uri), ("artifact_root", t.artifact_root), ("experiment", t.experiment),
         ("parent_run_id", parent))] if stage.tracking else []
     if step.label and "name" in keys:
         tracked.append(f"name={step.label}{instance.key.suffix}")
-    return stage_config(step.stage, config_path(step.config), [*common, *seeded, *overrides, *tracked])
+    return stage_config(step.stage, config_path(step.config), [*overrides, *tracked], layers=[common, seeded])
 
 
 def config_path(path: str) -> str | None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import difflib
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nope_lightning.config.core import load_config
+from nope_lightning.config.core import Layer, load_config
 from nope_lightning.runtime.tracking import check_store
 
 
@@ -30,9 +31,10 @@ class Stage:
 
     - ``tracking``: the dotted key of the config's ``TrackingConfig``, which a pipeline sets to its store and
       parent run; '' for a stage that tracks nothing.
-    - ``seed``: the override that gives the stage a replicate's seed, ``{seed}`` standing for it (``seed={seed}``
-      trains one model at that seed; ``seeds=[{seed}]`` runs a grid's cells at that seed alone); '' for a stage
-      that keeps its own seeds in every replicate (an evaluation's prompts, HeadScale's data order).
+    - ``seed``: the config key that takes a replicate's seed (``seed`` trains one model at that seed), and
+      ``seed_list``: whether it is a list of seeds (a grid's ``seeds``: ``[seed]`` runs its cells at that seed
+      alone); '' for a stage that keeps its own seeds in every replicate (an evaluation's prompts, HeadScale's
+      data order). ``seed_layer`` gives the seed as a typed config layer, never as text.
     - ``run``: the result key naming the run the stage started, when it is not ``run_id``: ``run_stage`` returns
       it as ``run_id`` too, the key by which a pipeline tags, records and reuses a step's run.
     """
@@ -43,7 +45,16 @@ class Stage:
     results: str = ""
     tracking: str = "tracking"
     seed: str = ""
+    seed_list: bool = False
     run: str = "run_id"
+
+    def seed_layer(self, seed: int) -> dict[str, Any]:
+        """The config layer that gives replicate ``seed`` to a stage with a ``seed`` key: ``{"seed": 1234}``,
+        ``{"seeds": [1234]}`` for a list, nested by the key's dots."""
+        value: Any = [seed] if self.seed_list else seed
+        for part in reversed(self.seed.split(".")):
+            value = {part: value}
+        return value
 
     def config_class(self) -> type:
         return _resolve(self.config)
@@ -63,9 +74,9 @@ def _resolve(ref: str):
     return getattr(importlib.import_module(module), name)
 
 
-def _stage(module: str, config: str, summary: str, declared: bool = True, **pipeline: str) -> Stage:
+def _stage(module: str, config: str, summary: str, declared: bool = True, **pipeline: Any) -> Stage:
     """The stage whose ``run`` and ``result_keys`` live in ``nope_lightning.stages.<module>``; ``pipeline``:
-    its ``tracking``, ``seed`` and ``run`` where they differ from the defaults."""
+    its ``tracking``, ``seed``, ``seed_list`` and ``run`` where they differ from the defaults."""
     where = f"nope_lightning.stages.{module}"
     return Stage(config, f"{where}:run", summary, f"{where}:result_keys" if declared else "", **pipeline)
 
@@ -74,7 +85,7 @@ STAGES: dict[str, Stage] = {
     "prepare": _stage("prepare", "nope_lightning.config:PrepareConfig",
                       "tokenizer + packed token files for a corpus (cached)", tracking=""),
     "pretrain": _stage("pretrain", "nope_lightning.config:PretrainConfig",
-                       "causal LM from scratch with a chosen position encoding", seed="seed={seed}"),
+                       "causal LM from scratch with a chosen position encoding", seed="seed"),
     "evaluate": _stage("evaluate", "nope_lightning.config:EvaluateConfig",
                        "PPL, per-position curves, attention entropy, passkey, long-context tasks"),
     "scale-search": _stage("scale_search", "nope_lightning.config:ScaleSearchConfig",
@@ -88,10 +99,11 @@ STAGES: dict[str, Stage] = {
                        "RoPE baselines: full PI / YaRN fine-tuning at the target length"),
     "synthetic": _stage("synthetic", "nope_lightning.config:SyntheticConfig",
                         "paper-002 task suite: one (task, PE, seed), exact match per length bucket",
-                        seed="seed={seed}"),
+                        seed="seed"),
     "synthetic-grid": _stage("synthetic_grid", "nope_lightning.config:SyntheticGridConfig",
                              "tasks x PEs x seeds under one parent run: OOD table, MRR (ties averaged)",
-                             declared=False, tracking="base.tracking", seed="seeds=[{seed}]", run="parent_run_id"),
+                             declared=False, tracking="base.tracking", seed="seeds", seed_list=True,
+                             run="parent_run_id"),
     "pipeline": Stage("nope_lightning.config:PipelineConfig", "nope_lightning.pipeline.runner:run",
                       "an experiment file: stages chained through MLflow, resumable, one parent run",
                       "nope_lightning.pipeline.runner:result_keys"),
@@ -108,9 +120,10 @@ def get_stage(name: str) -> Stage:
     return STAGES[name]
 
 
-def stage_config(name: str, yaml_path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Any:
-    """The validated config of stage ``name`` (defaults <- YAML <- overrides)."""
-    return load_config(get_stage(name).config_class(), yaml_path, overrides)
+def stage_config(name: str, yaml_path: str | None = None, overrides: list[str] | tuple[str, ...] = (), *,
+                 layers: Sequence[Layer] = ()) -> Any:
+    """The validated config of stage ``name`` (defaults <- YAML <- ``layers`` <- overrides: ``load_config``)."""
+    return load_config(get_stage(name).config_class(), yaml_path, overrides, layers=layers)
 
 
 def run_stage(name: str, cfg: Any, **extra: Any) -> dict[str, Any]:
