@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from nope_lightning.config.parts import DataConfig
+from nope_lightning.config.parts import AttentionTemperature, DataConfig
 from nope_lightning.config.pipeline import PipelineConfig
 from nope_lightning.config.stages import PretrainConfig
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
@@ -148,7 +148,7 @@ def plan_step(instance: Instance, cfg: PipelineConfig, references: list[str], re
     return entry
 
 
-def searched_lambda_problems(temperature, model: Model | None, searches: dict[str, Search], entry: dict) -> None:
+def searched_lambda_problems(temperature: AttentionTemperature, model: Model | None, searches: dict[str, Search], entry: dict) -> None:
     """A searched lambda (``uniform_search``) of a search this file runs must come from a search on the model
     this step evaluates (the run refuses another model's) at a length it searches."""
     search = searches.get(temperature.uniform_search.removeprefix("runs:/").split("/")[0])

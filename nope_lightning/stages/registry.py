@@ -49,12 +49,9 @@ class Stage:
     run: str = "run_id"
 
     def seed_layer(self, seed: int) -> dict[str, Any]:
-        """The config layer that gives replicate ``seed`` to a stage with a ``seed`` key: ``{"seed": 1234}``,
-        ``{"seeds": [1234]}`` for a list, nested by the key's dots."""
-        value: Any = [seed] if self.seed_list else seed
-        for part in reversed(self.seed.split(".")):
-            value = {part: value}
-        return value
+        """The config layer that gives replicate ``seed`` to a stage with a (top-level) ``seed`` key:
+        ``{"seed": 1234}``, ``{"seeds": [1234]}`` for a list."""
+        return {self.seed: [seed] if self.seed_list else seed}
 
     def config_class(self) -> type:
         return _resolve(self.config)
