@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -29,6 +30,7 @@ from nope_lightning.pipeline.steps import (
     substitute,
 )
 from nope_lightning.results.search import ScaleSearchResult
+from nope_lightning.stages.evaluate import applied_setting
 from nope_lightning.stages.registry import get_stage, run_stage, stage_config
 from tests.conftest import REPO
 
@@ -110,6 +112,17 @@ def test_a_model_takes_its_lambda_resolved_and_past_only_accepts_a_searched_one(
                                           "extension.temperature.uniform_search_len=256",
                                           "extension.temperature.past_only=true"])
     assert extension_label(cfg.extension) == "lamsearch256-past"
+
+
+def test_an_evaluation_names_the_lambda_its_search_resolved_to(tmp_path):
+    """The run's params hold the search's id, not the lambda: the result's setting label carries it."""
+    fingerprint = export(tmp_path / "model", b"weights of model A")
+    searched = search_file(tmp_path / "scale_search.json", fingerprint, {256: 1.45, 512: 1.8})
+    cfg = stage_config("evaluate", None, ["checkpoint=x", f"extension.temperature.uniform_search={searched}",
+                                          "extension.temperature.uniform_search_len=512"])
+    assert applied_setting(cfg, SimpleNamespace(folder=tmp_path / "model")) == "lamsearch512=1.8"
+    plain = stage_config("evaluate", None, ["checkpoint=x", "extension.temperature.uniform=1.5"])
+    assert applied_setting(plain, SimpleNamespace(folder=tmp_path / "model")) == "lam1.5"
 
 
 def test_the_text_route_is_refused_in_one_line_naming_the_typed_one():

@@ -41,7 +41,7 @@ from nope_lightning.eval.perplexity import (
     tiled_windows,
 )
 from nope_lightning.model.checkpoint import LoadedModel
-from nope_lightning.model.extension import extension_label, load_extended
+from nope_lightning.model.extension import extension_label, load_extended, resolve_temperature
 from nope_lightning.model.temperature import temperatures, tuning_len
 from nope_lightning.results.evaluation import EvaluationResult
 from nope_lightning.runtime import tracking
@@ -98,7 +98,7 @@ def run(cfg: EvaluateConfig) -> dict[str, Any]:
     tasks = longctx.task_samples(tokenizer, texts, passkey_lengths, cfg) if cfg.longctx_samples else {}
 
     name = cfg.name or default_run_name(loaded, cfg)
-    parts = Parts(local, name, EvaluationResult(train_len, corpora, extension_label(cfg.extension), cfg.split,
+    parts = Parts(local, name, EvaluationResult(train_len, corpora, applied_setting(cfg, loaded), cfg.split,
                                                 lengths, stride, cfg.bootstrap, temperature_table(model),
                                                 tuning_len=tuning_len(loaded.config.model.temperature)))
     if lengths and parts.todo("windows"):
@@ -167,6 +167,15 @@ def saved_metrics(local: Path) -> tuple[str, dict[str, float]]:
     """The run name and metrics a finished evaluation saved beside its result (``Parts.complete``)."""
     saved = json.loads((local / "metrics.json").read_text())
     return saved["name"], saved["metrics"]
+
+
+def applied_setting(cfg: EvaluateConfig, loaded: LoadedModel) -> str:
+    """The setting's label (``extension_label``); a searched uniform lambda also names the value it resolved to on
+    this model (``lamsearch256=1.45``), which the run's params (the search's run id) do not show."""
+    label, temperature = extension_label(cfg.extension), cfg.extension.temperature
+    if temperature.uniform_search:
+        label += f"={resolve_temperature(temperature, loaded.folder, cfg.tracking).uniform:g}"
+    return label
 
 
 def temperature_table(model) -> list | None:
