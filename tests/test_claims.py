@@ -23,7 +23,12 @@ from nope_lightning.analysis.claims import (
     verdict,
 )
 from nope_lightning.analysis.inflection import inflection
-from nope_lightning.analysis.report_sections import changed_rules_section, claims_table, retrieval_line
+from nope_lightning.analysis.report_sections import (
+    changed_rules_section,
+    claims_table,
+    retrieval_line,
+    retrieval_table,
+)
 from nope_lightning.analysis.tables import BIASED, BIASED_NOTE, paired_table
 from nope_lightning.config import pipeline as pipeline_config
 from nope_lightning.config.claim_rules import RuleChange, claim_problem
@@ -670,6 +675,18 @@ def test_a_seed_that_did_not_learn_retrieval_leaves_only_the_claims_that_presupp
     assert left.seeds == (1, 3) and left.excluded == ((2, 0.18), (4, 0.0))
     assert "left out, NoPE did not learn retrieval: seed 2 0.18, seed 4 0.00" in claims_table([left])
     assert retrieval_line(retrieval_by_seed(runs)).startswith("**Retrieval learned in 2 of 4 seeds**")
+
+
+def test_the_retrieval_table_gives_each_method_seed_by_seed_with_its_t_interval_across_seeds():
+    nope, lam = {3: 0.98, 1: 1.0, 2: 0.9}, {1: 0.2, 2: 0.9}  # lambda 1.5 ran on two of the three seeds
+    runs = {"nope": {s: passkey_run(a, s) for s, a in nope.items()},  # seeds in the order run: columns sorted
+            "lambda 1.5": {s: passkey_run(a, s) for s, a in lam.items()}}
+    lines = retrieval_table(runs).splitlines()
+    assert lines[2] == "| method | seed 1 | seed 2 | seed 3 | mean [95 % t across seeds] | seeds |"
+    low, high = scipy_stats.t.interval(0.95, 2, loc=np.mean([1.0, 0.9, 0.98]), scale=scipy_stats.sem([1.0, 0.9, 0.98]))
+    assert lines[4] == f"| nope | 1.00 | 0.90 | 0.98 | 0.96 [{max(low, 0):.2f}, {min(high, 1):.2f}] | 3 |"
+    assert lines[5] == "| lambda 1.5 | 0.20 | 0.90 | — | 0.55 [0.00, 1.00] | 2 |"  # clipped to [0, 1]
+    assert retrieval_table({"nope": {1: passkey_run(1.0, 1)}}) == ""  # one seed: no spread to show
 
 
 def test_a_report_lists_the_rules_changed_on_or_after_its_run():

@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from nope_lightning.analysis.claims import Outcome
+from nope_lightning.analysis.claims import Outcome, Runs, retrieval_by_seed
 from nope_lightning.analysis.tables import MISSING, cell, markdown_table
 from nope_lightning.config.paper import RETRIEVAL_LEARNED, Claim
-from nope_lightning.numerics.stats import Interval
+from nope_lightning.numerics.stats import UNIT, Interval, t_interval
 from nope_lightning.results.bundle import Recipe
 from nope_lightning.results.search import ScaleSearchResult
 
@@ -127,6 +127,22 @@ def retrieval_line(accuracy: Mapping[int | None, float]) -> str:
             f"{RETRIEVAL_LEARNED:g} of the passkeys whose answer lies inside L; per seed: "
             + ", ".join(f"{s} {a:.2f}" for s, a in accuracy.items())
             + "). Claims that presuppose retrieval leave the other seeds out; every other claim keeps them.")
+
+
+def retrieval_table(runs: Runs) -> str:
+    """What each method does to retrieval inside L, seed by seed: passkey accuracy over the prompts whose answer
+    lies inside L (``claims.retrieval_by_seed``) per method x seed, with the mean and its 95 % t interval across
+    the method's seeds (clipped to [0, 1]). A statement about retrieval is read off this table, seed by seed,
+    not made as a rule. '' with fewer than 2 seeds (no spread to show) or no prompt inside L."""
+    by_method = {m: found for m in runs if (found := retrieval_by_seed(runs, m))}
+    seeds = sorted({seed for found in by_method.values() for seed in found}, key=lambda s: (s is None, s or 0))
+    if len(seeds) < 2:
+        return ""
+    rows = [[m, *(MISSING if s not in found else f"{found[s]:.2f}" for s in seeds),
+             cell(t_interval(list(found.values()), bounds=UNIT)), len(found)] for m, found in by_method.items()]
+    return ("### Retrieval inside L, per seed (passkey accuracy on the prompts whose answer lies inside L; mean "
+            "[95 % t interval across seeds])\n\n"
+            + markdown_table(["method", *(f"seed {s}" for s in seeds), "mean [95 % t across seeds]", "seeds"], rows))
 
 
 def changed_rules_section(claims: Sequence[Claim], run_dates: Sequence[str]) -> str:

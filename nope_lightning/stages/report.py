@@ -31,6 +31,7 @@ from nope_lightning.analysis import (
     sweep,
     synthetic_claims,
     synthetic_figures,
+    synthetic_learned,
     tables,
 )
 from nope_lightning.analysis import sources as report_sources
@@ -49,7 +50,7 @@ def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int,
                 report_sections.claims_table(outcomes) if outcomes else "",
                 tables.ppl_tables(evals, methods.paper_rows("table2")) if evals else "", tables.bucket_table(evals),
                 tables.ablation_table(evals, outcomes, methods.paper_rows("table4")), tables.passkey_table(evals),
-                tables.key_nll_table(evals), tables.longctx_table(evals),
+                report_sections.retrieval_table(evals), tables.key_nll_table(evals), tables.longctx_table(evals),
                 *(tables.paired_table(evals, resamples, reference) for reference in methods.references),
                 *(report_sections.search_section(method, by_seed) for method, by_seed in searches.items())]
     figures: dict[str, Any] = {}
@@ -99,7 +100,8 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
         cells = [cell for grid in grid_list for cell in grid.runs]
         sections += [synthetic_claims.claims_table([*synthetic_claims.evaluate_claims(cells, resamples),
                                                     *attention_claims.evaluate_attention_claims(grid_list)]),
-                     attention_claims.attention_table(grid_list), synthetic_claims.exact_match_table(cells, resamples)]
+                     synthetic_learned.learned_table(cells), attention_claims.attention_table(grid_list),
+                     synthetic_claims.exact_match_table(cells, resamples)]
         figures.update(synthetic_figures.study_figures(grid_list))
     if claim_ids and not axes:
         sections.insert(0, report_sections.changed_rules_section([CLAIMS_BY_ID[c] for c in claim_ids],

@@ -1,0 +1,62 @@
+"""Which of paper 002's tasks a study's recipes learn: per task, each PE's in-distribution exact match (the validation
+split at the training lengths, mean over seeds), how many of the PEs reach ``ID_FLOOR`` and whether the task counts
+as learned, i.e. ``LEARNED_BY`` of the 5 PEs reach it (the goal a recipe is chosen for; the claims' own rule, in
+``synthetic_claims``, compares a task only where *every* compared PE reaches the floor). Tasks without a scratchpad
+only; a task of the paper that has no cells is listed as not run, so a partial study says what it lacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from nope_lightning.analysis.synthetic_cells import NONE
+from nope_lightning.analysis.synthetic_claims import ID_FLOOR, PAPER_TASKS, RANKED
+from nope_lightning.analysis.tables import MISSING, markdown_table
+from nope_lightning.config.synthetic import PAPER_NAMES
+from nope_lightning.results.synthetic import SyntheticCell
+
+#: A task counts as learned when at least this many of the paper's 5 PEs reach ``ID_FLOOR`` (mean over seeds).
+LEARNED_BY = 4
+
+
+def learned_table(cells: Iterable[SyntheticCell]) -> str:
+    """``### Tasks learned``: one row per task run without a scratchpad (the paper's task order): each PE's ID exact
+    match, mean over its seeds (min over seeds in brackets when they differ by more than 0.005), the steps and
+    training examples of the task's recipe, the PEs at or above ``ID_FLOOR`` and the verdict; then the count of
+    learned tasks out of the paper's 17 and the tasks not run. '' without plain cells."""
+    by_task: dict[str, dict[str, list[SyntheticCell]]] = {}
+    for c in cells:
+        if c.scratchpad == NONE:
+            by_task.setdefault(c.task, {}).setdefault(c.pos_encoding, []).append(c)
+    if not by_task:
+        return ""
+    rows, learned = [], []
+    for task in [t for t in PAPER_TASKS if t in by_task]:
+        means = {pe: float(np.mean([c.id_acc for c in runs])) for pe, runs in by_task[task].items()}
+        reach = [pe for pe in RANKED if means.get(pe, -1.0) >= ID_FLOOR]
+        if len(reach) >= LEARNED_BY:
+            learned.append(task)
+        steps = sorted({c.steps for runs in by_task[task].values() for c in runs})
+        seeds = sorted({c.seed for runs in by_task[task].values() for c in runs})
+        rows.append([task, *(_mean_cell(by_task[task].get(pe)) for pe in RANKED), "/".join(map(str, steps)),
+                     len(seeds), f"{len(reach)} of {len(RANKED)}",
+                     "**learned**" if len(reach) >= LEARNED_BY else "not learned"])
+    missing = [t for t in PAPER_TASKS if t not in by_task]
+    return (f"### Tasks learned (in-distribution exact match, mean over seeds [min]; a PE learns a task at >= "
+            f"{ID_FLOOR:g}, a task is learned when >= {LEARNED_BY} of the {len(RANKED)} PEs do)\n\n"
+            + markdown_table(["task", *(PAPER_NAMES[pe] for pe in RANKED), "steps", "seeds", "PEs >= floor",
+                              "verdict"], rows)
+            + f"\n\n**{len(learned)} of the paper's {len(PAPER_TASKS)} tasks learned** by >= {LEARNED_BY} of the "
+            f"{len(RANKED)} PEs" + (f" ({', '.join(learned)})" if learned else "")
+            + (f"; not run: {', '.join(missing)}." if missing else "."))
+
+
+def _mean_cell(runs: list[SyntheticCell] | None) -> str:
+    """'0.97' (mean ID over seeds) or '0.97 [0.91]' with the worst seed when the seeds differ."""
+    if not runs:
+        return MISSING
+    values = [c.id_acc for c in runs]
+    mean, worst = float(np.mean(values)), min(values)
+    return f"{mean:.2f}" + (f" [{worst:.2f}]" if mean - worst > 0.005 else "")
