@@ -1,7 +1,8 @@
-"""Paper 002's CPU study files (experiments/synthetic_{primitive,math,classic,scratchpad_*}.yaml over the per-task
-recipes of conf/synthetic-grid/cpu.yaml) and tools/parallel_slices.py, which runs their slices side by side:
-the files cover the paper's three categories with >= 8 tasks x 5 PEs x 3 seeds at the recipes' steps, and a slice
-(one matrix point and seed, in its own store) trains exactly the cells the whole file trains at that point."""
+"""Paper 002's CPU study files (experiments/synthetic/synthetic_<task>.yaml, one per task, and
+synthetic_scratchpad_*.yaml, over the per-task recipes of conf/synthetic-grid/cpu.yaml) and tools/parallel_slices.py,
+which runs their slices side by side: every one of the paper's 17 tasks has a file running it x 5 PEs x 3 seeds at
+its recipe, and a slice (one matrix point and seed, in its own store) trains exactly the cells the whole file trains
+at that point."""
 
 from __future__ import annotations
 
@@ -14,15 +15,18 @@ import pytest
 from nope_lightning.config.synthetic import PAPER_PES
 from nope_lightning.pipeline.steps import expand, step_config
 from nope_lightning.stages.registry import stage_config
+from nope_lightning.synthetic.tasks import TASKS
 from tests.conftest import REPO, load_script
 
-FILES = {name: REPO / f"experiments/synthetic/synthetic_{name}.yaml" for name in ("primitive", "math", "classic")}
+FILES = {task: REPO / f"experiments/synthetic/synthetic_{task}.yaml" for task in TASKS}
 #: The scratchpad study, one file per task (each fits 120 min on 2 cores).
 SCRATCHPAD = {task: REPO / f"experiments/synthetic/synthetic_scratchpad_{task}.yaml" for task in ("addition", "parity")}
-CATEGORIES = {"primitive": {"copy_repeat", "reverse"},
-              "math": {"parity", "summation", "addition", "lego"}, "classic": {"scan", "pcfg"}}
-STEPS = {"copy_repeat": 2000, "copy_repeat_change": 3000, "reverse": 3000, "parity": 2000, "summation": 6000,
-         "addition": 4000, "lego": 3000, "scan": 3000, "pcfg": 3000}
+#: The tasks whose file runs one grid of the 3 seeds with the attention analysis (its floor pairs seeds in a grid).
+ATTENTION = ("scan", "pcfg")
+#: Each task's recipe: (steps, training examples).
+RECIPES = {**{task: (3000, 20_000) for task in TASKS}, "copy_repeat": (2000, 20_000), "parity": (2000, 20_000),
+           "addition": (4000, 20_000), "summation": (12_000, 200_000)}
+STEPS = {task: steps for task, (steps, _) in RECIPES.items()}
 
 
 @pytest.fixture(scope="module")
@@ -43,23 +47,22 @@ def without_tracking(grid):
     return dataclasses.replace(grid, base=dataclasses.replace(grid.base, tracking=store))
 
 
-@pytest.mark.parametrize("category", CATEGORIES)
-def test_each_category_file_runs_its_tasks_x_5_pes_x_3_seeds_at_their_recipes(category):
-    planned = grids(FILES[category])
+@pytest.mark.parametrize("task", TASKS)
+def test_each_task_file_runs_its_task_x_5_pes_x_3_seeds_at_its_recipe(task):
+    planned = grids(FILES[task])
     cells = [cell for _, grid in planned for cell in grid.cells()]
-    assert {c.task for c in cells} == CATEGORIES[category]
-    assert len(cells) == len(CATEGORIES[category]) * len(PAPER_PES) * 3
-    assert {(c.task, c.pos_encoding, c.seed) for c in cells} == {
-        (t, pe, s) for t in CATEGORIES[category] for pe in PAPER_PES for s in (0, 1, 2)}
-    assert all(c.trainer.max_steps == STEPS[c.task] and c.scratchpad == "none" for c in cells)
-    if category == "classic":  # the JSD floor pairs seeds inside one grid: each task's 3 seeds are one grid
-        assert [(g.tasks, g.seeds, g.attention_examples_per_length) for _, g in planned] == [
-            (["scan"], [0, 1, 2], 2), (["pcfg"], [0, 1, 2], 2)]
+    assert {(c.task, c.pos_encoding, c.seed) for c in cells} == {(task, pe, s) for pe in PAPER_PES for s in (0, 1, 2)}
+    assert len(cells) == len(PAPER_PES) * 3
+    assert all((c.trainer.max_steps, c.n_train) == RECIPES[task] and c.scratchpad == "none" for c in cells)
+    assert all(c.trainer.threads == 1 for c in cells)  # two files share 2 cores
+    if task in ATTENTION:
+        assert [(g.tasks, g.seeds, g.attention_examples_per_length) for _, g in planned] == [([task], [0, 1, 2], 2)]
+    else:
+        assert [g.seeds for _, g in planned] == [[0], [1], [2]]
 
 
-def test_the_study_spans_the_paper_s_three_categories_with_at_least_8_tasks():
-    tasks = set().union(*CATEGORIES.values())
-    assert len(tasks) >= 8 and all(CATEGORIES.values())
+def test_every_task_of_the_paper_has_one_file():
+    assert len(TASKS) == 17 and all(path.is_file() for path in FILES.values())
 
 
 def test_the_scratchpad_files_run_full_and_minimal_for_nope_and_t5_and_fit_their_longest_scratchpad():
@@ -74,26 +77,25 @@ def test_the_scratchpad_files_run_full_and_minimal_for_nope_and_t5_and_fit_their
 
 
 def test_a_slice_trains_the_cells_the_whole_file_trains_at_its_point(slicer, tmp_path):
-    slices = slicer.slices(str(FILES["primitive"]), tmp_path)
-    assert [Path(s["folder"]).name for s in slices[:4]] == [
-        "synthetic_primitive-copy_repeat-s0", "synthetic_primitive-copy_repeat-s1",
-        "synthetic_primitive-copy_repeat-s2", "synthetic_primitive-reverse-s0"]
-    whole = {(inst.point, inst.seed): without_tracking(grid) for inst, grid in grids(FILES["primitive"])}
+    slices = slicer.slices(str(FILES["copy_repeat"]), tmp_path)
+    assert [Path(s["folder"]).name for s in slices] == [
+        "synthetic_copy_repeat-s0", "synthetic_copy_repeat-s1", "synthetic_copy_repeat-s2"]
+    whole = {(inst.point, inst.seed): without_tracking(grid) for inst, grid in grids(FILES["copy_repeat"])}
     for entry in slices:
         ((inst, grid),) = grids(Path(entry["file"]), tuple(entry["overrides"]))
         assert grid.base.tracking.uri == f"sqlite:///{entry['folder']}/mlflow.db"
         assert without_tracking(grid) == whole[(inst.point, inst.seed)]
-    # A file without replicate seeds: one slice per point, its steps' own seeds; --only picks points.
-    classic = slicer.slices(str(FILES["classic"]), tmp_path, {"task": ["scan"]})
-    assert [Path(s["folder"]).name for s in classic] == ["synthetic_classic-scan"]
-    assert not any(o.startswith("seeds=") for o in classic[0]["overrides"])
+    # A file without replicate seeds: one slice, its steps' own seeds.
+    scan = slicer.slices(str(FILES["scan"]), tmp_path)
+    assert [Path(s["folder"]).name for s in scan] == ["synthetic_scan"]
+    assert not any(o.startswith("seeds=") for o in scan[0]["overrides"])
 
 
 def test_a_report_over_slices_names_each_file_once_with_its_runs():
     from nope_lightning.stages.report import _pipelines_line
 
-    assert _pipelines_line([("synthetic_math", "a"), ("synthetic_classic", "b"), ("synthetic_math", "c")]) == (
-        "pipeline `synthetic_math` (runs a, c), with pipeline `synthetic_classic` (run b)")
+    assert _pipelines_line([("synthetic_parity", "a"), ("synthetic_scan", "b"), ("synthetic_parity", "c")]) == (
+        "pipeline `synthetic_parity` (runs a, c), with pipeline `synthetic_scan` (run b)")
     assert _pipelines_line([("tiny", "a")]) == "pipeline `tiny` (run a)"
 
 
