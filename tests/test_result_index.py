@@ -3,9 +3,11 @@ result at a place refused naming both sources, seeds kept as ints."""
 
 import json
 from collections import defaultdict
+from types import SimpleNamespace
 
 import pytest
 
+from nope_lightning.analysis.sources import Item, gather
 from nope_lightning.results import ResultIndex
 from nope_lightning.results.bundle import INDEX
 from nope_lightning.results.runkey import RunKey
@@ -57,7 +59,7 @@ def test_views_are_plain_dicts_in_the_order_filed():
                                          "evaluate:nope:3:4", "evaluate:nope:2:2"]
 
 
-@pytest.mark.parametrize("study", ["synthetic", "hybrids", "regime_study"])
+@pytest.mark.parametrize("study", ["headscale_retrieval", "hybrids", "regime_study"])  # synthetic: below
 def test_a_committed_bundle_indexed_reads_as_the_nested_point_method_seed_dicts_did(study):
     """The order a report's tables follow: the index's views equal ``point -> method -> seed`` dicts filled
     entry by entry, as the report grouped results before the index (the bundle's own entries and tags)."""
@@ -86,3 +88,21 @@ def test_a_seed_stays_an_int():
     place = index.add(RunKey.from_tags({"method": "nope", "seed": "7", "stage": "evaluate"}), "r", "s")
     assert place.seed == 7 and type(place.seed) is int
     assert index.at("evaluate", ()) == {"nope": {7: "r"}}
+
+
+def test_grids_of_different_tasks_at_one_place_are_two_results_the_same_grid_twice_is_refused(tmp_path):
+    """One file a task: every task's grid is step ``grid`` at point () and seed 0; its cells tell them apart."""
+    def grid(*cells):
+        return SimpleNamespace(runs=[SimpleNamespace(task=t, scratchpad=p) for t, p in cells])
+
+    def source(label, *grids):
+        key = RunKey("grid", 0, (), "synthetic-grid", "grid")
+        return SimpleNamespace(label=label, items=lambda: iter([Item(key, "g", label, g) for g in grids]))
+
+    parity, copy = grid(("parity", "none")), grid(("copy_repeat", "none"))
+    found = gather([source("file a", parity), source("file b", copy)], tmp_path, [])
+    assert found.results.results("synthetic-grid") == [parity, copy]
+    assert [key.point for key in found.results] == [(("cells", "parity/none"),), (("cells", "copy_repeat/none"),)]
+    assert [p.key.point for p in found.placed] == [(), ()]  # the bundle keeps each run's own key
+    with pytest.raises(ValueError, match="file a and file b both hold synthetic-grid 'grid' seed 0"):
+        gather([source("file a", parity), source("file b", grid(("parity", "none")))], tmp_path, [])

@@ -178,6 +178,10 @@ def gather(sources: list, out: Path, matrix_keys: list[str]) -> Gathered:
             # not name all of another file's (a scratchpad study's (task, scratchpad) beside a task study's task).
             point = (tuple((k, values[k]) for k in matrix_keys if k in values)
                      if matrix_keys and key.stage != "synthetic-grid" else key.point)
+            if key.stage == "synthetic-grid" and item.result is not None:
+                # A grid's place also names the cells it holds: a study of one file a task runs every task's grid
+                # at the same (point, step, seed), and two grids of different tasks are not one result twice.
+                point = (*point, ("cells", ",".join(sorted({f"{c.task}/{c.scratchpad}" for c in item.result.runs}))))
             if item.result is not None:
                 found.results.add(dataclasses.replace(key, point=point), item.result, source.label)
                 found.placed.append(Placed(key, item.name, item.result))
