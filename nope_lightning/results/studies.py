@@ -23,9 +23,10 @@ from nope_lightning.config.pipeline import PipelineConfig
 from nope_lightning.results.bundle import INDEX
 from nope_lightning.results.runkey import RunKey
 
-#: The verdicts a claim can get (``analysis/claims.py``; the last, paper 002's, ``analysis/synthetic_claims.py``),
-#: in the order a verdict count lists them.
-VERDICTS = ("reproduced", "not reproduced", "inconclusive", "untestable", "too few tasks learned")
+#: The verdicts a claim can get (``analysis/claims.py``; "too few tasks learned" is paper 002's,
+#: ``analysis/synthetic_claims.py``; "not measured": the results hold none of what a claim reads), in the order a
+#: verdict count lists them.
+VERDICTS = ("reproduced", "not reproduced", "inconclusive", "untestable", "too few tasks learned", "not measured")
 
 
 @dataclass(frozen=True)
