@@ -347,7 +347,7 @@ def test_fields_added_later_leave_a_store_s_finished_steps_finished(tmp_path):
     for key in ("layer_pattern", "nope_every", "layer_windows", "rope_window"):
         assert f"{key}:" in old_yaml  # the fields exist in today's schema ...
     stripped = "\n".join(line for line in old_yaml.splitlines() if not re.match(
-        r"\s*(irope_beta|irope_floor|layer_pattern|nope_every|layer_windows|rope_window|reset_layers|fused|past_only):", line)) + "\n"
+        r"\s*(irope_beta|irope_floor|layer_pattern|nope_every|layer_windows|rope_window|reset_layers|fused|past_only|uniform_search|uniform_search_len):", line)) + "\n"
     # activation checkpointing was a bool, true by default, before "auto" became its default
     stripped = stripped.replace("activation_checkpointing: auto", "activation_checkpointing: true")
     # ... and the hash a store recorded before them (the yaml without them) is still today's
