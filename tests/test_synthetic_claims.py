@@ -155,13 +155,14 @@ def test_one_seed_reports_its_effect_without_a_verdict(claim_id):
 
 @pytest.mark.parametrize("claim_id", list(SCENARIOS))
 def test_a_claim_gets_no_verdict_when_no_task_was_learned_in_distribution(claim_id):
-    # Rotary is compared by every PE claim; at 0.62 ID exact match its OOD numbers mean nothing
-    failed = outcome(claim_id, grid(SCENARIOS[claim_id][0], id_acc=lambda task, pe: 0.62 if pe == "rope" else 1.0))
+    # Rotary and APE below the floor everywhere: 3 of 5 PEs learn each task, under the 4 a learned task needs
+    failed = outcome(claim_id, grid(SCENARIOS[claim_id][0],
+                                    id_acc=lambda task, pe: {"rope": 0.62, "sinusoidal": 0.5}.get(pe, 1.0)))
     assert failed.verdict == TOO_FEW and failed.interval is None
-    assert "Rotary ID 0.62 < 0.9" in failed.reason and "copy: " in failed.reason and "reverse: " in failed.reason
+    assert "Rotary ID 0.62 < 0.9, APE ID 0.50 < 0.9" in failed.reason and "copy: " in failed.reason
     # the table's tasks column says none was compared before listing those left out, not a bare "; left out"
-    assert "| 0 tasks, 0 queries | none; left out copy: Rotary ID 0.62 < 0.9; left out reverse: " in claims_table(
-        [failed])
+    assert ("| 0 tasks, 0 queries | none; left out copy: Rotary ID 0.62 < 0.9, APE ID 0.50 < 0.9; left out "
+            "reverse: ") in claims_table([failed])
 
 
 @pytest.mark.parametrize("claim_id", list(SCENARIOS))
@@ -175,14 +176,32 @@ def test_fewer_than_four_learned_tasks_get_no_verdict_but_keep_their_effect(clai
     assert f"| 3 tasks, 9 queries | {', '.join(learned)}; left out" in claims_table([few])
 
 
-def test_a_task_failing_the_id_floor_is_left_out_and_listed():
-    # NoPE never learns addition in distribution: the comparison runs on the other three tasks only
-    cells = grid(SCENARIOS["nope_highest_mrr"][0], id_acc=lambda task, pe: 0.4 if (task, pe) == ("addition", "nope")
-                 else 1.0)
+def test_a_task_learned_by_fewer_than_four_pes_is_left_out_and_listed():
+    # NoPE and APE never learn addition in distribution: the comparison runs on the other five tasks only
+    cells = grid(SCENARIOS["nope_highest_mrr"][0], id_acc=lambda task, pe: 0.4 if task == "addition" and pe in (
+        "nope", "sinusoidal") else 1.0)
     result = outcome("nope_outperforms_explicit_pes", cells)
     assert result.verdict == "reproduced" and result.tasks == ("copy", "reverse", "copy_2x", "reverse_2x", "sort")
-    assert result.left_out == (("addition", "NoPE ID 0.40 < 0.9"),)
-    assert "left out addition: NoPE ID 0.40 < 0.9" in claims_table([result])
+    assert result.left_out == (("addition", "NoPE ID 0.40 < 0.9, APE ID 0.40 < 0.9"),) and result.below == ()
+    assert "left out addition: NoPE ID 0.40 < 0.9, APE ID 0.40 < 0.9" in claims_table([result])
+
+
+def test_a_task_learned_by_four_pes_is_compared_and_the_fifth_named():
+    # APE misses copy in distribution (0.24), the other four learn it: copy is learned, APE ranked on its OOD 0.0;
+    # a claim that does not compare APE still counts it towards whether copy is learned
+    ood = lambda t, pe, s: 0.0 if (t, pe) == ("copy", "sinusoidal") else ORDER[pe] + jitter(s)  # noqa: E731
+    cells = grid(ood, id_acc=lambda task, pe: 0.24 if (task, pe) == ("copy", "sinusoidal") else 1.0)
+    for claim_id in SCENARIOS:
+        result = outcome(claim_id, cells)
+        assert "copy" in result.tasks and result.left_out == () and result.below == (("copy", "APE ID 0.24 < 0.9"),)
+        assert "compared below the floor on copy: APE ID 0.24 < 0.9" in claims_table([result])
+    ours, learned = mrr_intervals(cells, RESAMPLES)
+    assert learned == list(TASKS) and ours["nope"].estimate == pytest.approx(1.0)
+    # APE is last on every query either way (0.1, or 0.0 on copy): 1/5
+    assert ours["sinusoidal"].estimate == pytest.approx(1 / 5)
+    # one PE fewer (Rotary also misses copy): 3 of 5, copy left out of the MRR
+    cells = grid(ood, id_acc=lambda task, pe: 0.24 if task == "copy" and pe in ("sinusoidal", "rope") else 1.0)
+    assert "copy" not in mrr_intervals(cells, RESAMPLES)[1]
 
 
 # --- scratchpad ---------------------------------------------------------------------------------------------------
@@ -288,9 +307,10 @@ def paper_ranks(scores_in_row_order) -> np.ndarray:
 
 
 def test_ours_ranks_the_learned_tasks_ties_averaged_the_papers_way_every_task_ties_to_the_first_listed():
-    # lego: Rotary never learns it (ID 0.5) and every PE scores 0 out of distribution
+    # lego: Rotary and APE never learn it (ID 0.5), so it is not learned; every PE scores 0 out of distribution
     cells = (grid(lambda t, pe, s: QUERIES[t, s][PES.index(pe)], tasks=("copy", "sort"))
-             + grid(lambda t, pe, s: 0.0, tasks=("lego",), id_acc=lambda t, pe: 0.5 if pe == "rope" else 1.0))
+             + grid(lambda t, pe, s: 0.0, tasks=("lego",), id_acc=lambda t, pe: 0.5 if pe in ("rope", "sinusoidal")
+                    else 1.0))
     ours, learned = mrr_intervals(cells, RESAMPLES)
     rr = np.mean([reciprocal_ranks(scores) for scores in QUERIES.values()], axis=0)
     assert learned == ["copy", "sort"] and [ours[pe].estimate for pe in PES] == pytest.approx(rr)
@@ -398,9 +418,9 @@ def test_wilson_per_cell_matches_its_formula():
 
 
 def primitive_margin(nope: np.ndarray, rival: np.ndarray):
-    """Claim ``nope_beats_ape_rotary_on_primitives`` on one primitive task, 3 seeds, APE and Rotary both ``rival``."""
-    cells = [make_cell("copy", pe, s, nope if pe == "nope" else rival) for pe in ("nope", "sinusoidal", "rope")
-             for s in SEEDS]
+    """Claim ``nope_beats_ape_rotary_on_primitives`` on one primitive task, 3 seeds, every other PE ``rival`` (all
+    five run: whether the task is learned reads every PE)."""
+    cells = [make_cell("copy", pe, s, nope if pe == "nope" else rival) for pe in PES for s in SEEDS]
     return outcome("nope_beats_ape_rotary_on_primitives", cells).interval
 
 
