@@ -28,11 +28,11 @@ from nope_lightning.analysis.synthetic_claims import (
     TOO_FEW,
     claims_table,
     evaluate_claims,
-    exact_match_table,
     mrr_intervals,
     paper_way_mrr,
 )
 from nope_lightning.analysis.synthetic_grid import PAPER_ROW_ORDER, mrr_row_order, mrr_with_ties, paper_mrr
+from nope_lightning.analysis.synthetic_tables import exact_match_table
 from nope_lightning.config import load_config
 from nope_lightning.config.paper import SYNTHETIC_MRR
 from nope_lightning.config.synthetic import SyntheticConfig

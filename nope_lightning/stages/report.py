@@ -32,6 +32,7 @@ from nope_lightning.analysis import (
     synthetic_claims,
     synthetic_figures,
     synthetic_learned,
+    synthetic_tables,
     tables,
 )
 from nope_lightning.analysis import sources as report_sources
@@ -101,7 +102,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
         sections += [synthetic_claims.claims_table([*synthetic_claims.evaluate_claims(cells, resamples),
                                                     *attention_claims.evaluate_attention_claims(grid_list)]),
                      synthetic_learned.learned_table(cells), attention_claims.attention_table(grid_list),
-                     synthetic_claims.exact_match_table(cells, resamples)]
+                     synthetic_tables.exact_match_table(cells, resamples)]
         figures.update(synthetic_figures.study_figures(grid_list))
     if claim_ids and not axes:
         sections.insert(0, report_sections.changed_rules_section([CLAIMS_BY_ID[c] for c in claim_ids],
