@@ -28,6 +28,7 @@ from nope_lightning.analysis.synthetic_claims import (
     TOO_FEW,
     claims_table,
     evaluate_claims,
+    learned,
     mrr_intervals,
     paper_way_mrr,
 )
@@ -202,6 +203,25 @@ def test_a_task_learned_by_four_pes_is_compared_and_the_fifth_named():
     # one PE fewer (Rotary also misses copy): 3 of 5, copy left out of the MRR
     cells = grid(ood, id_acc=lambda task, pe: 0.24 if task == "copy" and pe in ("sinusoidal", "rope") else 1.0)
     assert "copy" not in mrr_intervals(cells, RESAMPLES)[1]
+
+
+def test_a_task_is_learned_when_four_pes_reach_the_floor_counted_inclusively():
+    assert learned([0.9, 0.9, 0.9, 0.9, 0.0]) and not learned([0.9, 0.9, 0.8999, 0.5, 1.0])
+    assert learned([0.5, 0.95], need=1) and not learned([])
+
+
+def test_the_learned_table_and_the_claims_let_in_the_same_tasks():
+    from nope_lightning.analysis.synthetic_learned import learned_table
+
+    # copy: APE alone below the floor (learned); reverse: APE and Rotary (not); addition: 0.9 exactly for four
+    misses = {("copy", "sinusoidal"): 0.24, ("reverse", "sinusoidal"): 0.3, ("reverse", "rope"): 0.89,
+              ("addition", "nope"): 0.5}
+    cells = grid(SCENARIOS["nope_highest_mrr"][0],
+                 id_acc=lambda task, pe: misses.get((task, pe), 0.9 if task == "addition" else 1.0))
+    compared = mrr_intervals(cells, RESAMPLES)[1]
+    assert compared == [t for t in TASKS if t != "reverse"]
+    line = next(l for l in learned_table(cells).splitlines() if "tasks learned**" in l)
+    assert all(task in line.split("(")[1] for task in compared) and "reverse," not in line + ","
 
 
 # --- scratchpad ---------------------------------------------------------------------------------------------------

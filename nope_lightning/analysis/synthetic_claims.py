@@ -84,6 +84,12 @@ LEARNED_BY = 4
 EM_EFFECT = 0.05
 
 
+def learned(id_means: Iterable[float], need: int = LEARNED_BY, floor: float = ID_FLOOR) -> bool:
+    """Whether a task is learned: at least ``need`` of its PEs' ID exact matches (each the mean over seeds, 0..1)
+    reach ``floor``. The one rule behind the claims' task filter and the "Tasks learned" table."""
+    return sum(value >= floor for value in id_means) >= need
+
+
 @dataclass(frozen=True)
 class SyntheticClaim(Claim):
     """A claim of paper 002 as paper 001's ``Claim`` (its ``rule``, ``claims.verdict`` and ``Outcome`` apply).
@@ -197,7 +203,7 @@ def _passing(claim: SyntheticClaim, grid: np.ndarray, tasks: Sequence[str], colu
     for t, task in enumerate(tasks):
         low = [f"{PAPER_NAMES.get(pe, pe)}{'' if pad == NONE else f' ({pad})'} ID {ids[t, c]:.2f} < {floor.value:g}"
                for c, pad, pe in counted if ids[t, c] < floor.value]
-        if len(counted) - len(low) >= need:
+        if learned((ids[t, c] for c, _, _ in counted), need, floor.value):
             kept.append(t)
             below += [(task, ", ".join(low))] if low else []
         else:

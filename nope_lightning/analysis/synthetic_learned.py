@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from nope_lightning.analysis.synthetic_cells import NONE
-from nope_lightning.analysis.synthetic_claims import ID_FLOOR, LEARNED_BY, PAPER_TASKS, RANKED
+from nope_lightning.analysis.synthetic_claims import ID_FLOOR, LEARNED_BY, PAPER_TASKS, RANKED, learned
 from nope_lightning.analysis.tables import MISSING, markdown_table
 from nope_lightning.config.synthetic import PAPER_NAMES
 from nope_lightning.results.synthetic import SyntheticCell
@@ -29,24 +29,25 @@ def learned_table(cells: Iterable[SyntheticCell]) -> str:
             by_task.setdefault(c.task, {}).setdefault(c.pos_encoding, []).append(c)
     if not by_task:
         return ""
-    rows, learned = [], []
+    rows, learned_tasks = [], []
     for task in [t for t in PAPER_TASKS if t in by_task]:
         means = {pe: float(np.mean([c.id_acc for c in runs])) for pe, runs in by_task[task].items()}
         reach = [pe for pe in RANKED if means.get(pe, -1.0) >= ID_FLOOR]
-        if len(reach) >= LEARNED_BY:
-            learned.append(task)
+        is_learned = learned(means.get(pe, -1.0) for pe in RANKED)
+        if is_learned:
+            learned_tasks.append(task)
         steps = sorted({c.steps for runs in by_task[task].values() for c in runs})
         seeds = sorted({c.seed for runs in by_task[task].values() for c in runs})
         rows.append([task, *(_mean_cell(by_task[task].get(pe)) for pe in RANKED), "/".join(map(str, steps)),
                      len(seeds), f"{len(reach)} of {len(RANKED)}",
-                     "**learned**" if len(reach) >= LEARNED_BY else "not learned"])
+                     "**learned**" if is_learned else "not learned"])
     missing = [t for t in PAPER_TASKS if t not in by_task]
     return (f"### Tasks learned (in-distribution exact match, mean over seeds [min]; a PE learns a task at >= "
             f"{ID_FLOOR:g}, a task is learned when >= {LEARNED_BY} of the {len(RANKED)} PEs do)\n\n"
             + markdown_table(["task", *(PAPER_NAMES[pe] for pe in RANKED), "steps", "seeds", "PEs >= floor",
                               "verdict"], rows)
-            + f"\n\n**{len(learned)} of the paper's {len(PAPER_TASKS)} tasks learned** by >= {LEARNED_BY} of the "
-            f"{len(RANKED)} PEs" + (f" ({', '.join(learned)})" if learned else "")
+            + f"\n\n**{len(learned_tasks)} of the paper's {len(PAPER_TASKS)} tasks learned** by >= {LEARNED_BY} of the "
+            f"{len(RANKED)} PEs" + (f" ({', '.join(learned_tasks)})" if learned_tasks else "")
             + (f"; not run: {', '.join(missing)}." if missing else "."))
 
 
