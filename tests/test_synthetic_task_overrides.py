@@ -89,6 +89,21 @@ def test_an_override_of_a_task_outside_the_grid_stays_unused(grid_file):
 
 
 @pytest.mark.parametrize("override, message", [
+    ("trainer.max_stepz=9", "config key 'trainer.max_stepz': Key 'max_stepz' not in 'TrainerConfig'. Did you mean: "
+                            "'max_steps'?"),
+    ("trainer.max_steps=many", "config key 'trainer.max_steps': Value 'many' of type 'str' could not be converted "
+                               "to Integer"),
+])
+def test_a_misspelt_or_mistyped_override_of_a_task_outside_the_grid_fails_before_compute(grid_file, override,
+                                                                                          message):
+    # a typo in the recipe of a task the study does not run yet must not wait for the study that does
+    assert "pcfg" not in load_config(SyntheticGridConfig, grid_file).tasks
+    with pytest.raises(ValueError) as err:
+        load_config(SyntheticGridConfig, grid_file, [f"task_overrides.pcfg=[{override}]"])
+    assert str(err.value) == f"task_overrides.pcfg: {message}"
+
+
+@pytest.mark.parametrize("override, message", [
     ("task_overrides.pcfgg=[trainer.max_steps=9]",
      "task_overrides names unknown tasks: pcfgg; known: " + ", ".join(TASK_NAMES)),
     ("task_overrides.reverse=[trainer.max_stepz=9]",

@@ -108,6 +108,20 @@ def load_config(cls: type[T] | T, yaml_path: str | os.PathLike | None = None,
         raise ValueError(f"cannot parse an override value: {str(err).splitlines()[0]} (quote it)") from None
 
 
+def check_keys(cfg: type[T] | T, overrides: Sequence[str]) -> None:
+    """Raise ``ValueError`` (as ``load_config`` words it) for a malformed override, an unknown key or a value of the
+    wrong type in ``overrides`` merged onto ``cfg``, without the config's own value checks (``__post_init__``): for
+    overrides kept to be merged later, in a context that decides whether their values are valid."""
+    if bad := [o for o in overrides if "=" not in o or o.startswith("=")]:
+        raise ValueError(f"overrides must look like key=value, got: {' '.join(bad)}")
+    try:
+        OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as err:
+        raise ValueError(_format_error(err)) from None
+    except yaml.YAMLError as err:
+        raise ValueError(f"cannot parse an override value: {str(err).splitlines()[0]} (quote it)") from None
+
+
 def file_layers(path: Path, inside: tuple[Path, ...] = ()) -> list[Any]:
     """The YAML file ``path`` as merge layers, lowest first: the file its ``extends:`` key names (a path relative
     to ``path``; itself possibly extending another), then ``path`` without that key, whose values win (a list,

@@ -17,7 +17,14 @@ import json
 import warnings
 from dataclasses import dataclass, field
 
-from nope_lightning.config.core import POS_ENCODINGS, check_choice, check_range, load_config, to_dict
+from nope_lightning.config.core import (
+    POS_ENCODINGS,
+    check_choice,
+    check_keys,
+    check_range,
+    load_config,
+    to_dict,
+)
 from nope_lightning.config.parts import ModelConfig, OptimConfig, TrackingConfig, TrainerConfig
 from nope_lightning.synthetic.core import Example
 from nope_lightning.synthetic.tasks import TASKS, get_task, make_split
@@ -246,7 +253,9 @@ class SyntheticGridConfig:
 
     def _check_task_overrides(self) -> None:
         # Overrides of known tasks outside ``tasks`` are kept unused: one grid file holds every task's recipe and
-        # a study picks its tasks with ``tasks=[...]``; such an override is checked when a grid runs its task.
+        # a study picks its tasks with ``tasks=[...]``. Their keys and types are checked here (a typo must not wait
+        # for the study that runs its task); their values when a grid runs the task, as they depend on it (a
+        # scratchpad study's base does not fit pcfg).
         if unknown := [task for task in self.task_overrides if task not in TASKS]:
             raise ValueError(f"task_overrides names unknown tasks: {', '.join(unknown)}; known: {', '.join(TASKS)}")
         for task, overrides in self.task_overrides.items():
@@ -260,6 +269,10 @@ class SyntheticGridConfig:
                     raise ValueError(f"task_overrides.{task}: {override!r} changes the task's format (its input, "
                                      f"answer, lengths or scoring), which a recipe may not; set base.{key} for the "
                                      f"whole grid, as a study of that format")
+            try:
+                check_keys(self.base, overrides)
+            except ValueError as err:
+                raise ValueError(f"task_overrides.{task}: {err}") from None
 
     @property
     def config_hash(self) -> str:
