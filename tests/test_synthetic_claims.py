@@ -224,6 +224,29 @@ def test_the_learned_table_and_the_claims_let_in_the_same_tasks():
     assert set(line.split(" (")[1].split(")")[0].split(", ")) == set(compared)
 
 
+def test_a_task_with_some_of_its_seeds_run_is_left_out_and_named_not_every_comparison():
+    # a study spanning sessions commits sort's seed-0 slice before its others: the complete tasks keep their verdicts
+    from nope_lightning.analysis.synthetic_tables import mrr_table
+
+    ood = SCENARIOS["nope_highest_mrr"][0]
+    whole = grid(ood, tasks=TASKS[:-1])
+    cells = whole + grid(lambda t, pe, s: 1.0, tasks=("sort",), seeds=(0,))
+    for claim_id in SCENARIOS:
+        result, alone = outcome(claim_id, cells), outcome(claim_id, whole)
+        assert result.verdict == alone.verdict != "not measured" and result.tasks == alone.tasks
+        if not CLAIM[claim_id].tasks:  # the copy/reverse claim never reads sort
+            assert ("sort", "not run at seeds 1, 2") in result.left_out
+            assert "left out sort: not run at seeds 1, 2" in claims_table([result])
+    assert mrr_intervals(cells, RESAMPLES)[1] == mrr_intervals(whole, RESAMPLES)[1]
+    assert paper_way_mrr(cells).mrr == paper_way_mrr(whole).mrr
+    assert "both leave out, until they are whole, sort (not run at seeds 1, 2)" in mrr_table(cells, RESAMPLES)
+    # a PE missing at one seed is named as missing cells; with no task whole, nothing is ranked
+    gap = [c for c in cells if (c.task, c.pos_encoding, c.seed) != ("copy", "rope", 2)]
+    assert ("copy", "cells missing at seed 2") in outcome("nope_outperforms_explicit_pes", gap).left_out
+    assert outcome("nope_highest_mrr", grid(ood, tasks=("sort",), seeds=(0,)) + grid(
+        ood, tasks=("copy",), seeds=(1,))).verdict == "not measured"
+
+
 # --- scratchpad ---------------------------------------------------------------------------------------------------
 
 

@@ -51,6 +51,27 @@ class CellIndex:
     def seeds(self, scratchpad: str, tasks: Sequence[str]) -> list[int]:
         return sorted({seed for task, s, _, seed in self.cells if s == scratchpad and task in tasks})
 
+    def complete(self, tasks: Sequence[str], columns: Sequence[Column]) -> tuple[list[str], list[int],
+                                                                                list[tuple[str, str]]]:
+        """``tasks`` split by whether each holds a cell for every column at every seed any of them ran: the complete
+        ones, those seeds, and the others as (task, what it lacks). A study spanning sessions commits a task's seed
+        slices one by one; its partial tasks are left out and named, not every comparison. ``NotMeasured`` (the
+        missing cells) when no task is complete: a grid of two PEs is not ranked as if it were the five."""
+        seeds = sorted({seed for task, pad, pe, seed in self.cells if task in tasks and (pad, pe) in columns})
+        done, partial = [], []
+        for task in tasks:
+            lacking = [seed for seed in seeds if any((task, pad, pe, seed) not in self.cells for pad, pe in columns)]
+            if not lacking:
+                done.append(task)
+            elif all((task, pad, pe, seed) not in self.cells for seed in lacking for pad, pe in columns):
+                partial.append((task, f"not run at seed{'s' * (len(lacking) > 1)} {', '.join(map(str, lacking))}"))
+            else:
+                partial.append((task, f"cells missing at seed{'s' * (len(lacking) > 1)} "
+                                      f"{', '.join(map(str, lacking))}"))
+        if not done:
+            self.grid(tasks, seeds, columns)  # raises NotMeasured, naming a missing cell
+        return done, seeds, partial
+
     def grid(self, tasks: Sequence[str], seeds: Sequence[int], columns: Sequence[Column]) -> np.ndarray:
         """The cells as an object array (seeds, tasks, columns). ``NotMeasured`` when one is missing, or when the
         cells of a (task, seed) were not scored on one test split (different ``test_digest``s or test sizes)."""

@@ -218,10 +218,11 @@ def _verdict(claim: SyntheticClaim, across: Interval, tasks: int) -> str:
 
 def _compare(claim: SyntheticClaim, index: CellIndex, resamples: int) -> SyntheticOutcome:
     """A PE-vs-PE claim (``mrr_margin``, ``ood_margin``) on the cells without a scratchpad."""
-    tasks = index.plain_tasks(claim.tasks)
-    seeds, columns = index.seeds(NONE, tasks), [(NONE, pe) for pe in claim.methods]
+    columns = [(NONE, pe) for pe in claim.methods]
     counted = [(NONE, pe) for pe in claim.preconditions[0].methods]  # whether the task is learned: these PEs' ID
+    tasks, seeds, partial = index.complete(index.plain_tasks(claim.tasks), list(dict.fromkeys(columns + counted)))
     kept, left_out, below = _passing(claim, index.grid(tasks, seeds, counted), tasks, counted)
+    left_out = partial + left_out
     if not kept:
         return SyntheticOutcome(claim, TOO_FEW, reason="no task passes the ID precondition: " + "; ".join(
             f"{t}: {why}" for t, why in left_out), left_out=tuple(left_out))
@@ -306,11 +307,13 @@ def evaluate_claims(cells: Iterable[SyntheticCell], resamples: int = 1000,
 def mrr_intervals(cells: Iterable[SyntheticCell], resamples: int = 1000) -> tuple[dict[str, Interval], list[str]]:
     """Each PE's MRR our way, as the MRR claims compute it: the (task, seed) queries without a scratchpad of the
     learned tasks (the claims' ID precondition: at least ``LEARNED_BY`` of the 5 PEs at ``ID_FLOOR``), ties averaged, with the 95 % crossed bootstrap
-    over tasks and seeds (``per_seed``: its MRR over each seed's tasks); and the tasks ranked. ``NotMeasured``
-    when a cell of those tasks is missing, no task lacks a scratchpad, or none was learned."""
+    over tasks and seeds (``per_seed``: its MRR over each seed's tasks); and the tasks ranked. A task without every
+    PE at every seed is left out (``CellIndex.complete``; the MRR table names it). ``NotMeasured`` when no task is
+    complete, no task lacks a scratchpad, or none was learned."""
     index = CellIndex(cells)
-    tasks, columns = index.plain_tasks(), [(NONE, pe) for pe in RANKED]
-    grid = index.grid(tasks, index.seeds(NONE, tasks), columns)
+    columns = [(NONE, pe) for pe in RANKED]
+    tasks, seeds, _ = index.complete(index.plain_tasks(), columns)
+    grid = index.grid(tasks, seeds, columns)
     kept, _, _ = _passing(SYNTHETIC_CLAIMS[0], grid, tasks, columns)
     if not kept:
         raise NotMeasured(f"no task learned in distribution (ID exact match >= {ID_FLOOR:g} by at least {LEARNED_BY} "
@@ -323,12 +326,13 @@ def mrr_intervals(cells: Iterable[SyntheticCell], resamples: int = 1000) -> tupl
 
 def paper_way_mrr(cells: Iterable[SyntheticCell]) -> PaperMRR:
     """Each PE's MRR as the paper computes it (``analysis.synthetic_grid.paper_mrr``): every (task, seed) query without
-    a scratchpad, no ID floor, ties to the PE the reference lists first; it names the paper's tasks missing here.
-    ``NotMeasured`` when a cell is missing or no task lacks a scratchpad."""
+    a scratchpad, no ID floor, ties to the PE the reference lists first; it names the paper's tasks missing here
+    (a task without every PE at every seed among them: ``CellIndex.complete``). ``NotMeasured`` when no task is
+    complete or none lacks a scratchpad."""
     index = CellIndex(cells)
-    tasks = index.plain_tasks()
-    seeds = index.seeds(NONE, tasks)
-    acc = accuracy(index.grid(tasks, seeds, [(NONE, pe) for pe in RANKED]), "ood")
+    columns = [(NONE, pe) for pe in RANKED]
+    tasks, seeds, _ = index.complete(index.plain_tasks(), columns)
+    acc = accuracy(index.grid(tasks, seeds, columns), "ood")
     return paper_mrr({(task, seed): dict(zip(RANKED, acc[s, t].tolist(), strict=True))
                       for t, task in enumerate(tasks) for s, seed in enumerate(seeds)}, PAPER_TASKS)
 
