@@ -63,11 +63,10 @@ class CellIndex:
             lacking = [seed for seed in seeds if any((task, pad, pe, seed) not in self.cells for pad, pe in columns)]
             if not lacking:
                 done.append(task)
-            elif all((task, pad, pe, seed) not in self.cells for seed in lacking for pad, pe in columns):
-                partial.append((task, f"not run at seed{'s' * (len(lacking) > 1)} {', '.join(map(str, lacking))}"))
-            else:
-                partial.append((task, f"cells missing at seed{'s' * (len(lacking) > 1)} "
-                                      f"{', '.join(map(str, lacking))}"))
+                continue
+            unrun = all((task, pad, pe, seed) not in self.cells for seed in lacking for pad, pe in columns)
+            partial.append((task, f"{'not run' if unrun else 'cells missing'} at seed{'s' * (len(lacking) > 1)} "
+                                  f"{', '.join(map(str, lacking))}"))
         if not done:
             self.grid(tasks, seeds, columns)  # raises NotMeasured, naming a missing cell
         return done, seeds, partial
