@@ -12,9 +12,10 @@ Units: temperatures (``model.temperature`` and per-head tables) are in units of 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -91,10 +92,8 @@ def load_config(cls: type[T] | T, yaml_path: str | os.PathLike | None = None,
     if yaml_path is not None:
         stack.extend(file_layers(Path(yaml_path)))
     given = [*layers, overrides]
-    bad = [o for layer in given if not isinstance(layer, Mapping) for o in layer if "=" not in o or o.startswith("=")]
-    if bad:
-        raise ValueError(f"overrides must look like key=value, got: {' '.join(bad)}")
-    try:
+    _check_form([o for layer in given if not isinstance(layer, Mapping) for o in layer])
+    with _worded_errors():
         stack += [OmegaConf.create(dict(layer)) if isinstance(layer, Mapping) else OmegaConf.from_dotlist(list(layer))
                   for layer in given]
         merged = OmegaConf.merge(*stack)
@@ -102,23 +101,31 @@ def load_config(cls: type[T] | T, yaml_path: str | os.PathLike | None = None,
         if missing:
             raise ValueError(f"missing required config values: {', '.join(missing)}")
         return OmegaConf.to_object(merged)  # runs every __post_init__ check
-    except OmegaConfBaseException as err:
-        raise ValueError(_format_error(err)) from None
-    except yaml.YAMLError as err:  # a malformed value in an override, e.g. an unquoted '{' in a list
-        raise ValueError(f"cannot parse an override value: {str(err).splitlines()[0]} (quote it)") from None
 
 
 def check_keys(cfg: type[T] | T, overrides: Sequence[str]) -> None:
     """Raise ``ValueError`` (as ``load_config`` words it) for a malformed override, an unknown key or a value of the
     wrong type in ``overrides`` merged onto ``cfg``, without the config's own value checks (``__post_init__``): for
     overrides kept to be merged later, in a context that decides whether their values are valid."""
+    _check_form(overrides)
+    with _worded_errors():
+        OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(list(overrides)))
+
+
+def _check_form(overrides: Sequence[str]) -> None:
+    """``ValueError`` naming the overrides that are not ``key=value``."""
     if bad := [o for o in overrides if "=" not in o or o.startswith("=")]:
         raise ValueError(f"overrides must look like key=value, got: {' '.join(bad)}")
+
+
+@contextlib.contextmanager
+def _worded_errors() -> Iterator[None]:
+    """OmegaConf's and YAML's errors inside as one-line ``ValueError``s naming the key or the fix."""
     try:
-        OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(list(overrides)))
+        yield
     except OmegaConfBaseException as err:
         raise ValueError(_format_error(err)) from None
-    except yaml.YAMLError as err:
+    except yaml.YAMLError as err:  # a malformed value in an override, e.g. an unquoted '{' in a list
         raise ValueError(f"cannot parse an override value: {str(err).splitlines()[0]} (quote it)") from None
 
 
