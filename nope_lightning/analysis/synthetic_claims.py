@@ -69,6 +69,7 @@ from nope_lightning.synthetic.sequence import COPY_REVERSE_TASKS
 from nope_lightning.synthetic.tasks import TASKS
 
 RANKED = tuple(SYNTHETIC_MRR)  # the PEs the paper's MRR ranks, NoPE first
+RANKED_COLUMNS = [(NONE, pe) for pe in RANKED]
 EXPLICIT = RANKED[1:]
 PRIMITIVE_TASKS = tuple(COPY_REVERSE_TASKS)  # the copy/reverse variants
 PAPER_TASKS = tuple(TASKS)  # the 17 tasks the paper's MRR ranks
@@ -310,11 +311,8 @@ def mrr_intervals(cells: Iterable[SyntheticCell], resamples: int = 1000) -> tupl
     over tasks and seeds (``per_seed``: its MRR over each seed's tasks); and the tasks ranked. A task without every
     PE at every seed is left out (``CellIndex.complete``; the MRR table names it). ``NotMeasured`` when no task is
     complete, no task lacks a scratchpad, or none was learned."""
-    index = CellIndex(cells)
-    columns = [(NONE, pe) for pe in RANKED]
-    tasks, seeds, _ = index.complete(index.plain_tasks(), columns)
-    grid = index.grid(tasks, seeds, columns)
-    kept, _, _ = _passing(SYNTHETIC_CLAIMS[0], grid, tasks, columns)
+    grid, tasks, _, _ = ranked(cells)
+    kept, _, _ = _passing(SYNTHETIC_CLAIMS[0], grid, tasks, RANKED_COLUMNS)
     if not kept:
         raise NotMeasured(f"no task learned in distribution (ID exact match >= {ID_FLOOR:g} by at least {LEARNED_BY} "
                           f"of the {len(RANKED)} PEs)")
@@ -329,12 +327,19 @@ def paper_way_mrr(cells: Iterable[SyntheticCell]) -> PaperMRR:
     a scratchpad, no ID floor, ties to the PE the reference lists first; it names the paper's tasks missing here
     (a task without every PE at every seed among them: ``CellIndex.complete``). ``NotMeasured`` when no task is
     complete or none lacks a scratchpad."""
-    index = CellIndex(cells)
-    columns = [(NONE, pe) for pe in RANKED]
-    tasks, seeds, _ = index.complete(index.plain_tasks(), columns)
-    acc = accuracy(index.grid(tasks, seeds, columns), "ood")
+    grid, tasks, seeds, _ = ranked(cells)
+    acc = accuracy(grid, "ood")
     return paper_mrr({(task, seed): dict(zip(RANKED, acc[s, t].tolist(), strict=True))
                       for t, task in enumerate(tasks) for s, seed in enumerate(seeds)}, PAPER_TASKS)
+
+
+def ranked(cells: Iterable[SyntheticCell]) -> tuple[np.ndarray, list[str], list[int], list[tuple[str, str]]]:
+    """What both MRRs rank: the cells without a scratchpad of the tasks run by every PE of ``RANKED`` at every seed
+    (``CellIndex.complete``) as a grid (seeds, tasks, PEs in ``RANKED`` order), those tasks and seeds, and the other
+    tasks as (task, what it lacks). ``NotMeasured`` when no task is complete or none lacks a scratchpad."""
+    index = CellIndex(cells)
+    tasks, seeds, partial = index.complete(index.plain_tasks(), RANKED_COLUMNS)
+    return index.grid(tasks, seeds, RANKED_COLUMNS), tasks, seeds, partial
 
 
 # --- tables ----------------------------------------------------------------------------------------------------

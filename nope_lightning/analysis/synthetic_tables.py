@@ -15,6 +15,7 @@ from nope_lightning.analysis.synthetic_claims import (
     RANKED,
     mrr_intervals,
     paper_way_mrr,
+    ranked,
 )
 from nope_lightning.analysis.tables import MISSING, cell, markdown_table
 from nope_lightning.config.paper import SYNTHETIC_MRR
@@ -59,8 +60,7 @@ def mrr_table(cells: Sequence[SyntheticCell], resamples: int = 1000) -> str:
         paper, paper_text = None, f"not measured: {missing}"
     if not ours and paper is None:
         return f"#### Mean reciprocal rank\n\nours: {ours_text}; the paper's way: {paper_text}"
-    index = CellIndex(cells)
-    if partial := index.complete(index.plain_tasks(), [(NONE, pe) for pe in RANKED])[2]:
+    if partial := ranked(cells)[3]:
         paper_text += "; both leave out, until they are whole, " + ", ".join(f"{t} ({why})" for t, why in partial)
     head = ["PE", "ours: learned tasks, ties averaged [95 % bootstrap, tasks x seeds]", "ours per seed",
             "the paper's way: every task, ties to the PE listed first", "the paper's way per seed"]
