@@ -112,6 +112,11 @@ class SyntheticConfig:
     - ``n_train``/``n_valid``/``n_test``: examples per split (valid: in-distribution, for checkpoint
       selection; test: out of distribution, every length equally often).
     - ``batch_size``: training sequences per step; ``eval``: decoding and scoring settings.
+    - ``curriculum_steps``: a curriculum over the training lengths (a recipe, not a format: the examples are the
+      same): at step s < N a batch draws only training examples of length <= shortest + floor((longest - shortest)
+      * s / N), so the cap rises linearly from the shortest training length at step 0 to the longest at step N;
+      0 (the default, the paper's training) draws every length from the first step. Must not exceed
+      ``trainer.max_steps``, or the model would never train on the longest lengths.
     - ``log_model``: log the selected weights as the MLflow artifact ``model.safetensors``.
 
     ``model.max_positions`` must hold the test split's longest sequence (prompt, scratchpad and answer at the
@@ -128,6 +133,7 @@ class SyntheticConfig:
     train_max_len: int = 0
     test_max_len: int = 0
     batch_size: int = 32
+    curriculum_steps: int = 0
     name: str = ""
     log_model: bool = True
     model: ModelConfig = field(default_factory=_small_model)
@@ -143,10 +149,14 @@ class SyntheticConfig:
         if self.scratchpad not in spec.scratchpads:
             raise ValueError(f"scratchpad={self.scratchpad!r} is not supported by task {self.task!r}; "
                              f"supported: {', '.join(spec.scratchpads)}")
-        for key in ("train_max_len", "test_max_len", "seed"):
+        for key in ("train_max_len", "test_max_len", "seed", "curriculum_steps"):
             check_range(key, getattr(self, key), 0)
         for key in ("n_train", "n_valid", "n_test", "batch_size"):
             check_range(key, getattr(self, key), 1)
+        if self.curriculum_steps > self.trainer.max_steps:
+            raise ValueError(f"curriculum_steps={self.curriculum_steps} exceeds trainer.max_steps="
+                             f"{self.trainer.max_steps}: the model would never train on the longest lengths; set "
+                             f"curriculum_steps <= {self.trainer.max_steps}")
         spec.split_lengths("train", *self.max_lens)  # raises for test <= train and out-of-range lengths
         spec.split_lengths("test", *self.max_lens)
         if self.train_max % self.eval.bucket_width:
@@ -279,8 +289,11 @@ class SyntheticGridConfig:
         """16 hex digits of the whole resolved config (tracking, and the pipeline run it is nested under,
         included): the tag by which running the same grid again finds its parent run and resumes it."""
         fields = to_dict(self)
-        if not self.task_overrides:  # a grid from before task_overrides existed keeps its hash, so it resumes
+        # a grid from before these fields existed keeps its hash at their defaults, so it resumes
+        if not self.task_overrides:
             del fields["task_overrides"]
+        if not self.base.curriculum_steps:
+            del fields["base"]["curriculum_steps"]
         return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def task_base(self, task: str) -> SyntheticConfig:

@@ -195,8 +195,8 @@ ADDED_FIELDS: dict[str, Any] = {
     # per-layer position encodings and windows (hybrid NoPE/RoPE models), iRoPE's temperature and its search
     "layer_pattern": [], "nope_every": 0, "layer_windows": [], "rope_window": None, "irope_beta": 0.0,
     "irope_floor": 1.0, "parameter": "lambda",
-    # a synthetic grid's per-task recipes
-    "task_overrides": {},
+    # a synthetic grid's per-task recipes, and a curriculum over the training lengths
+    "task_overrides": {}, "curriculum_steps": 0,
     # the learned temperature table with some layers reset to 1 (HeadScale's retrieval probe)
     "reset_layers": [],
     # torch's fused AdamW kernel

@@ -26,7 +26,7 @@ import functools
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule, seed_everything
 from safetensors.torch import save_file
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Sampler
 from torchmetrics import MeanMetric
 
 from nope_lightning.analysis import synthetic_grid
@@ -96,14 +96,46 @@ class SyntheticData(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         generator = torch.Generator().manual_seed(self.cfg.seed)
+        collate = functools.partial(pad_batch, pad_id=self.vocab.pad_id)
+        if self.cfg.curriculum_steps:
+            batches = CurriculumBatches([e.length for e in self.train], self.cfg.batch_size,
+                                        self.cfg.trainer.max_steps, self.cfg.curriculum_steps, generator)
+            return DataLoader(self.encoded, batch_sampler=batches, collate_fn=collate)
         return DataLoader(self.encoded, batch_size=self.cfg.batch_size, shuffle=True, generator=generator,
-                          collate_fn=functools.partial(pad_batch, pad_id=self.vocab.pad_id))
+                          collate_fn=collate)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(range(len(self.valid)), batch_size=self.cfg.eval.batch_size)
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(range(len(self.evaluation)), batch_size=self.cfg.eval.batch_size)
+
+
+class CurriculumBatches(Sampler[list[int]]):
+    """``steps`` batches of ``batch_size`` indices into the training examples (``lengths``: each one's task
+    length), batch s drawn uniformly, with replacement, from the examples of length <= ``cap(s)``: the shortest
+    length at s = 0, rising linearly to the longest at s = ``ramp`` and staying there (``SyntheticConfig``'s
+    ``curriculum_steps``). With replacement, so that a cap holding fewer examples than a batch still fills it; one
+    pass is the whole training (Lightning stops at ``max_steps``), so no epoch boundary reshuffles it."""
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, steps: int, ramp: int,
+                 generator: torch.Generator) -> None:
+        self.order = np.argsort(lengths, kind="stable")
+        self.sorted = np.asarray(lengths)[self.order]
+        self.batch_size, self.steps, self.ramp, self.generator = batch_size, steps, ramp, generator
+
+    def cap(self, step: int) -> int:
+        """The longest length batch ``step`` may draw."""
+        shortest, longest = int(self.sorted[0]), int(self.sorted[-1])
+        return longest if step >= self.ramp else shortest + (longest - shortest) * step // self.ramp
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for step in range(self.steps):
+            pool = int(np.searchsorted(self.sorted, self.cap(step), side="right"))
+            yield self.order[torch.randint(pool, (self.batch_size,), generator=self.generator).numpy()].tolist()
 
 
 def check_fits(data: SyntheticData, model: ModelConfig, extra_new_tokens: int) -> None:
