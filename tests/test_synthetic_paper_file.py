@@ -1,4 +1,4 @@
-"""experiments/synthetic/synthetic_paper.yaml, paper 002's full grid as a pipeline: its dry run plans 17 tasks x 5 PEs
+"""experiments/synthetic_paper/synthetic_paper.yaml, paper 002's full grid as a pipeline: its dry run plans 17 tasks x 5 PEs
 x 3 seeds = 255 cells of the paper recipe without compute. tools/synthetic_cost.py: its FLOP count of
 one run against a count by hand from the generated sequences (numpy) and the architecture's shapes."""
 
@@ -19,7 +19,7 @@ from nope_lightning.stages.registry import run_stage, stage_config
 from nope_lightning.synthetic import TASKS, make_split
 from tests.conftest import REPO
 
-PIPELINE = REPO / "experiments/synthetic/synthetic_paper.yaml"
+PIPELINE = REPO / "experiments/synthetic_paper/synthetic_paper.yaml"
 SEEDS = [256788, 234054, 146317]  # the reference's
 
 

@@ -1,4 +1,4 @@
-"""GPU cost of paper 002's full grid (experiments/synthetic/synthetic_paper.yaml), by arithmetic: FLOP, H100-hours.
+"""GPU cost of paper 002's full grid (experiments/synthetic_paper/synthetic_paper.yaml), by arithmetic: FLOP, H100-hours.
 
     python tools/synthetic_cost.py [--sample 2000] [--epochs 20]
 
@@ -171,7 +171,7 @@ def main() -> None:
     runs = len(grid.tasks) * len(n_params) * seeds
     task_steps = steps_text({task: cell.trainer.max_steps for task, cell in cells.items()})
     print(f"\nTotal, {len(grid.tasks)} tasks x {len(n_params)} PEs x {seeds} seeds = {runs} runs, as "
-          f"experiments/synthetic/synthetic_paper.yaml runs them ({task_steps} steps): {total:.3g} FLOP.")
+          f"experiments/synthetic_paper/synthetic_paper.yaml runs them ({task_steps} steps): {total:.3g} FLOP.")
     for mfu in MFUS:
         hours = total / (H100_BF16 * mfu) / 3600
         step_ms = 1e3 * float(np.mean(step_flops)) / (H100_BF16 * mfu)
