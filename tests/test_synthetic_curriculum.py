@@ -13,6 +13,7 @@ from torch.utils.data import RandomSampler
 
 from nope_lightning.config import load_config
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig, sequence_tokens
+from nope_lightning.data.synthetic_batches import CurriculumBatches
 from nope_lightning.pipeline.steps import identity, step_hash
 from nope_lightning.stages import synthetic as stage
 from tests.conftest import REPO
@@ -23,7 +24,7 @@ LENGTHS = [1 + (7 * i) % 8 for i in range(400)]
 
 
 def batches(seed: int = 0, steps: int = 40, ramp: int = 20) -> list[list[int]]:
-    return list(stage.CurriculumBatches(LENGTHS, 16, steps, ramp, torch.Generator().manual_seed(seed)))
+    return list(CurriculumBatches(LENGTHS, 16, steps, ramp, torch.Generator().manual_seed(seed)))
 
 
 def test_the_cap_rises_linearly_from_the_shortest_length_to_the_longest():
@@ -49,7 +50,7 @@ def test_off_by_default_the_training_batches_are_the_shuffled_ones():
     assert isinstance(plain.train_dataloader().sampler, RandomSampler)
     data = stage.SyntheticData(load_config(SyntheticConfig, TINY, ["curriculum_steps=4"]))
     loader = data.train_dataloader()
-    assert isinstance(loader.batch_sampler, stage.CurriculumBatches) and len(loader) == 8  # trainer.max_steps
+    assert isinstance(loader.batch_sampler, CurriculumBatches) and len(loader) == 8  # trainer.max_steps
     first = loader.batch_sampler.cap(0)
     assert first == min(e.length for e in data.train) == 1
     ids, labels = next(iter(loader))  # collated as the plain batches are

@@ -17,9 +17,10 @@ import torch
 from nope_lightning.config import ModelConfig
 from nope_lightning.config.parts import OptimConfig
 from nope_lightning.config.synthetic import SyntheticConfig
+from nope_lightning.data.synthetic_batches import pad_batch
 from nope_lightning.eval.generate import greedy_decode
 from nope_lightning.model import gpt
-from nope_lightning.stages.synthetic import pad_batch, score
+from nope_lightning.stages.synthetic import score
 from nope_lightning.synthetic import TASKS, Vocabulary, get_task, make_split
 from nope_lightning.synthetic.core import SYMBOLS
 from nope_lightning.training.module import CausalLM, lm_loss

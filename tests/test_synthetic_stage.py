@@ -22,6 +22,7 @@ from nope_lightning.analysis.synthetic_grid import (
 )
 from nope_lightning.config import load_config
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
+from nope_lightning.data.synthetic_batches import IGNORE, pad_batch
 from nope_lightning.results import BucketAccuracy
 from nope_lightning.stages import synthetic as stage
 from nope_lightning.stages import synthetic_grid
@@ -110,10 +111,10 @@ def test_pad_batch_puts_the_loss_on_target_tokens_only():
     vocab = Vocabulary.for_task("copy")
     short = Example(prompt=["copy", ":", "a"], target=["a"], answer=["a"], length=1)
     long = Example(prompt=["copy", ":", "a", "b"], target=["a", "b"], answer=["a", "b"], length=2)
-    ids, labels = stage.pad_batch([vocab.encode(short), vocab.encode(long)], vocab.pad_id)
+    ids, labels = pad_batch([vocab.encode(short), vocab.encode(long)], vocab.pad_id)
     assert ids.shape == (2, 9) and labels.shape == (2, 8)
     assert vocab.decode(ids[0]) == [BOS, "copy", ":", "a", SEP, "a", EOS, "<pad>", "<pad>"]
-    ignore = stage.IGNORE
+    ignore = IGNORE
     assert labels[0].tolist() == [ignore] * 4 + vocab.encode_tokens(["a", EOS]) + [ignore] * 2
     assert labels[1].tolist() == [ignore] * 5 + vocab.encode_tokens(["a", "b", EOS])
 

@@ -26,7 +26,7 @@ import functools
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,12 +34,13 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule, seed_everything
 from safetensors.torch import save_file
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric
 
 from nope_lightning.analysis import synthetic_grid
 from nope_lightning.config.parts import ModelConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, sequence_tokens
+from nope_lightning.data.synthetic_batches import CurriculumBatches, pad_batch
 from nope_lightning.eval.generate import greedy_decode
 from nope_lightning.model.gpt import GPT, count_parameters
 from nope_lightning.results.synthetic import BucketAccuracy, Failure, SyntheticCell, problems_digest
@@ -48,26 +49,9 @@ from nope_lightning.synthetic import Example, Vocabulary, exact_match, length_bu
 from nope_lightning.training.module import CausalLM, lm_loss
 from nope_lightning.training.trainer import build_trainer, check_strategy
 
-IGNORE = -100  # F.cross_entropy's ignore_index: labels of non-target positions
 N_ERRORS = 5  # wrong OOD predictions kept in results.json, for a look at how a model fails
 
 # --- data ---------------------------------------------------------------------------------------------
-
-
-def pad_batch(encoded: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad ``(input_ids, loss_mask)`` pairs (``Vocabulary.encode``) into a training batch.
-
-    Returns ids (B, T+1) and labels (B, T): ``labels[:, t]`` is ``ids[:, t+1]`` where that token is a
-    target token (or the final ``<eos>``), else ``IGNORE`` — prompt and padding carry no loss.
-    """
-    width = max(len(ids) for ids, _ in encoded)
-    ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(encoded), width - 1), IGNORE, dtype=torch.long)
-    for row, (seq, mask) in enumerate(encoded):
-        ids[row, : len(seq)] = torch.tensor(seq)
-        target = torch.tensor(mask[1:], dtype=torch.bool)
-        labels[row, : len(seq) - 1] = torch.where(target, torch.tensor(seq[1:]), IGNORE)
-    return ids, labels
 
 
 class SyntheticData(LightningDataModule):
@@ -109,33 +93,6 @@ class SyntheticData(LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return DataLoader(range(len(self.evaluation)), batch_size=self.cfg.eval.batch_size)
-
-
-class CurriculumBatches(Sampler[list[int]]):
-    """``steps`` batches of ``batch_size`` indices into the training examples (``lengths``: each one's task
-    length), batch s drawn uniformly, with replacement, from the examples of length <= ``cap(s)``: the shortest
-    length at s = 0, rising linearly to the longest at s = ``ramp`` and staying there (``SyntheticConfig``'s
-    ``curriculum_steps``). With replacement, so that a cap holding fewer examples than a batch still fills it; one
-    pass is the whole training (Lightning stops at ``max_steps``), so no epoch boundary reshuffles it."""
-
-    def __init__(self, lengths: Sequence[int], batch_size: int, steps: int, ramp: int,
-                 generator: torch.Generator) -> None:
-        self.order = np.argsort(lengths, kind="stable")
-        self.sorted = np.asarray(lengths)[self.order]
-        self.batch_size, self.steps, self.ramp, self.generator = batch_size, steps, ramp, generator
-
-    def cap(self, step: int) -> int:
-        """The longest length batch ``step`` may draw."""
-        shortest, longest = int(self.sorted[0]), int(self.sorted[-1])
-        return longest if step >= self.ramp else shortest + (longest - shortest) * step // self.ramp
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self) -> Iterator[list[int]]:
-        for step in range(self.steps):
-            pool = int(np.searchsorted(self.sorted, self.cap(step), side="right"))
-            yield self.order[torch.randint(pool, (self.batch_size,), generator=self.generator).numpy()].tolist()
 
 
 def check_fits(data: SyntheticData, model: ModelConfig, extra_new_tokens: int) -> None:
