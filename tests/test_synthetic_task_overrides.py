@@ -17,7 +17,7 @@ import yaml
 from nope_lightning.config.core import load_config, to_dict
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
-from nope_lightning.pipeline.steps import identity, step_hash
+from nope_lightning.pipeline.steps import expand, identity, step_config, step_hash
 from nope_lightning.stages.registry import run_stage, stage_config
 from nope_lightning.stages.synthetic_grid import cell_key
 from nope_lightning.synthetic.tasks import TASKS as TASK_NAMES
@@ -162,6 +162,35 @@ def test_the_dry_run_shows_the_steps_per_task(tmp_path, track):
     assert (entry["cells"], entry["steps"], entry["problems"]) == (4, {"copy_repeat": 8, "reverse": 20}, [])
     # Without overrides every cell trains conf/synthetic/tiny.yaml's 8 steps: one number, as before.
     assert dry_run(tmp_path, track)["steps"][0]["steps"] == 8
+
+
+def test_a_device_override_reaches_one_task_through_the_files_common_overrides(tmp_path, track):
+    """A study file's recipe for one task changed from the command line (a GPU's larger recipe, the file unchanged):
+    ``task_overrides`` is an open mapping, so ``common`` reaches it; that task's cells take it, the others keep theirs."""
+    path = pipeline_file(tmp_path, track, overrides=("tasks=[copy_repeat,reverse]",),
+                         common=["task_overrides.reverse=[trainer.max_steps=20,batch_size=16]"])
+    cfg = stage_config("pipeline", str(path), ["dry_run=true"])
+    (instance,) = expand(cfg)
+    grid = step_config(instance, cfg, {}, "parent")
+    assert grid.task_overrides == {"reverse": ["trainer.max_steps=20", "batch_size=16"]}
+    cells = {(c.task, c.pos_encoding): c for c in grid.cells("parent")}
+    assert (cells["reverse", "nope"].batch_size, cells["copy_repeat", "nope"].batch_size) == (16, grid.base.batch_size)
+    (entry,) = run_stage("pipeline", cfg)["steps"]
+    assert entry["steps"] == {"copy_repeat": 8, "reverse": 20}
+
+
+@pytest.mark.parametrize("override, message", [
+    ("task_overides.reverse=[trainer.max_steps=20]",
+     "common override 'task_overides.reverse=[trainer.max_steps=20]': no step of this file has the key "
+     "'task_overides.reverse' (stages: synthetic-grid)"),
+    ("trainer.max_steps=20", "common override 'trainer.max_steps=20': no step of this file has the key "
+                             "'trainer.max_steps' (stages: synthetic-grid); did you mean 'base.trainer.max_steps'?"),
+])
+def test_a_common_override_no_step_takes_fails_the_dry_run_in_one_line(tmp_path, track, override, message):
+    path = pipeline_file(tmp_path, track, common=[override])
+    with pytest.raises(ValueError) as err:
+        run_stage("pipeline", stage_config("pipeline", str(path), ["dry_run=true"]))
+    assert str(err.value).splitlines()[1:] == [message]
 
 
 def test_an_override_past_max_positions_fails_the_dry_run_naming_the_task(tmp_path, track):

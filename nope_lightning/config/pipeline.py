@@ -46,7 +46,8 @@ class PipelineStep:
 class PipelineConfig:
     """``nope-lightning run pipeline experiments/<name>.yaml``: a chain of stages under one MLflow parent run.
 
-    ``common`` overrides go to every step whose config has that key (e.g. ``trainer.progress_bar=false``).
+    ``common`` overrides go to every step whose config has that key (e.g. ``trainer.progress_bar=false``), or a key
+    under one of its open mappings (a grid's ``task_overrides.<task>``); one that no step has fails the dry run.
     ``seeds``: every step runs once per seed (a replicate: pre-training steps train with ``seed=<seed>``, every
     later step runs on that replicate's models), each run tagged with its seed; empty means one replicate with
     the stages' own seeds. ``matrix``: every step runs once per point of the grid ``{key: [values]}`` (keys are

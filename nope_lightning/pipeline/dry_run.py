@@ -25,7 +25,7 @@ from nope_lightning.config.pipeline import PipelineConfig
 from nope_lightning.config.stages import PretrainConfig
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
 from nope_lightning.eval.longctx import answer_tokens
-from nope_lightning.pipeline.steps import Instance, expand, reference_problems, step_config
+from nope_lightning.pipeline.steps import Instance, common_problems, expand, reference_problems, step_config
 from nope_lightning.runtime.progress import pipeline_line
 from nope_lightning.stages.registry import get_stage
 from nope_lightning.training.budget import (
@@ -102,7 +102,7 @@ def plan(cfg: PipelineConfig, quiet: bool = False) -> dict[str, Any]:
             status = "; ".join(entry["problems"]) or "ok"
             pipeline_line(f"[{number}/{len(instances)}] {instance.step.stage} {instance.id}: dry run: {status}")
     problems = list(dict.fromkeys(f"step {s['id']}: {p}" for s in steps for p in s["problems"]))
-    problems += shared_out_dirs(steps)
+    problems += common_problems(cfg) + shared_out_dirs(steps)
     if problems:
         raise ValueError(f"dry run of pipeline {cfg.name!r}: {len(problems)} problem(s):\n" + "\n".join(problems))
     return {"name": cfg.name, "dry_run": True, "seeds": list(cfg.seeds), "matrix": dict(cfg.matrix),

@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 from nope_lightning.config.core import flatten, to_dict
 from nope_lightning.config.pipeline import PipelineConfig, PipelineStep
 from nope_lightning.results.runkey import RunKey
-from nope_lightning.stages.registry import get_stage, stage_config
+from nope_lightning.stages.registry import STAGES, get_stage, stage_config
 
 #: ``@{step.key}``, ``@{seed}`` and ``@{matrix.key}``.
 REFERENCE = re.compile(r"@\{([\w-]+)(?:\.([\w/.-]+))?\}")
@@ -123,6 +123,22 @@ def reference_problems(cfg: PipelineConfig) -> dict[str, list[str]]:
     return problems
 
 
+def common_problems(cfg: PipelineConfig) -> list[str]:
+    """One line per common override that no step of ``cfg`` takes (``takes``): a misspelt key would otherwise reach
+    nothing and the file would run without it. A step of an unknown stage is its own problem, not counted here."""
+    schemas = {step.stage: defaults(STAGES[step.stage].config_class()) for step in cfg.steps if step.stage in STAGES}
+    problems = []
+    for override in cfg.common:
+        key = override.split("=", 1)[0].strip()
+        if any(takes(schema, key) for schema in schemas.values()):
+            continue
+        known = sorted({k for schema in schemas.values() for k in flatten(schema)})
+        close = difflib.get_close_matches(key, known, n=1)
+        problems.append(f"common override {override!r}: no step of this file has the key {key!r} "
+                        f"(stages: {', '.join(schemas)}){f'; did you mean {close[0]!r}?' if close else ''}")
+    return problems
+
+
 def searched_lambda_problem(override: str) -> list[str]:
     """A scale-search's ``best_lambda`` put into ``extension.temperature.uniform`` as text would skip the check
     that the search ran on the evaluated model: one line naming the typed reference that makes it."""
@@ -161,8 +177,9 @@ def step_config(instance: Instance, cfg: PipelineConfig, results: Mapping[str, M
     references resolved <- the pipeline's tracking at the stage's ``Stage.tracking``, nested under ``parent``,
     and a run name unique to the instance."""
     step, stage = instance.step, get_stage(instance.step.stage)
-    keys = set(flatten(defaults(stage.config_class())))
-    common = [o for o in cfg.common if o.split("=", 1)[0] in keys]
+    schema = defaults(stage.config_class())
+    keys = set(flatten(schema))
+    common = [o for o in cfg.common if takes(schema, o.split("=", 1)[0])]
     overrides = [substitute(o, instance, results) for o in step.overrides]
     # Before the step's overrides: a step that sets its seed itself keeps it.
     seeded = stage.seed_layer(instance.seed) if instance.seed is not None and stage.seed else {}
@@ -173,6 +190,22 @@ def step_config(instance: Instance, cfg: PipelineConfig, results: Mapping[str, M
     if step.label and "name" in keys:
         tracked.append(f"name={step.label}{instance.key.suffix}")
     return stage_config(step.stage, config_path(step.config), [*overrides, *tracked], layers=[common, seeded])
+
+
+def takes(schema: Mapping[str, Any], key: str) -> bool:
+    """Whether a config of defaults ``schema`` (nested dicts) has the dotted ``key``: a leaf or section of it, or a
+    key under one of its open mappings (``task_overrides.sort`` of a grid, whose ``task_overrides`` is ``{}`` by
+    default and takes any task), so a common override reaches the steps that know it and skips the others."""
+    node: Any = schema
+    for part in key.split("."):
+        if not isinstance(node, Mapping):
+            return False
+        if not node:
+            return True
+        if part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def config_path(path: str) -> str | None:
