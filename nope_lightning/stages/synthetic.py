@@ -9,7 +9,7 @@
 * with those weights it greedy-decodes the validation (ID) and test (OOD) examples and reports exact
   match per length bucket.
 
-Decoding is batched greedy by full forwards (the model has no KV cache). Prompts are right-padded:
+Decoding is batched greedy with the model's KV cache (``eval.generate.greedy_decode``). Prompts are right-padded:
 a causal model's positions 0..t never see the padding after them, and every PE (absolute ones and
 NoPE's implicit position counting included) sees positions exactly as in training, which left padding
 would shift.
