@@ -27,7 +27,7 @@ SCRATCHPAD = {task: REPO / f"experiments/synthetic/synthetic_scratchpad_{task}.y
 ATTENTION = ("scan", "pcfg")
 #: Each task's recipe: (steps, training examples, examples a step).
 RECIPES = {**{task: (3000, 20_000, 32) for task in TASKS}, "copy_repeat": (2000, 20_000, 32),
-           "parity": (2000, 20_000, 32), "addition": (4000, 20_000, 32), "summation": (5000, 200_000, 128)}
+           "parity": (2000, 20_000, 32), "addition": (4000, 20_000, 32), "summation": (12_000, 200_000, 32)}
 
 
 @pytest.fixture(scope="module")
