@@ -178,7 +178,6 @@ def step_config(instance: Instance, cfg: PipelineConfig, results: Mapping[str, M
     and a run name unique to the instance."""
     step, stage = instance.step, get_stage(instance.step.stage)
     schema = defaults(stage.config_class())
-    keys = set(flatten(schema))
     common = [o for o in cfg.common if takes(schema, o.split("=", 1)[0])]
     overrides = [substitute(o, instance, results) for o in step.overrides]
     # Before the step's overrides: a step that sets its seed itself keeps it.
@@ -187,7 +186,7 @@ def step_config(instance: Instance, cfg: PipelineConfig, results: Mapping[str, M
     tracked = [f"{stage.tracking}.{key}={value}" for key, value in (
         ("uri", t.uri), ("artifact_root", t.artifact_root), ("experiment", t.experiment),
         ("parent_run_id", parent))] if stage.tracking else []
-    if step.label and "name" in keys:
+    if step.label and takes(schema, "name"):
         tracked.append(f"name={step.label}{instance.key.suffix}")
     return stage_config(step.stage, config_path(step.config), [*overrides, *tracked], layers=[common, seeded])
 
