@@ -50,6 +50,9 @@ def test_distance_histograms_sum_counts_over_the_grids_of_a_task_and_scratchpad(
     nope = figures["synthetic_distance_copy_repeat.png"].axes[0]
     heights = [bar.get_height() for bar in nope.patches]
     assert np.allclose(heights, np.array([1, 2, 0, 3]) / 6)  # [1, 0, 0, 3] + [0, 2, 0, 0], as fractions
+    # the title says how many seeds a histogram sums: the full-scratchpad one has a single grid
+    assert figures["synthetic_distance_copy_repeat.png"].get_suptitle().endswith("summed over 2 seeds)")
+    assert figures["synthetic_distance_copy_repeat_full.png"].get_suptitle().endswith("one seed)")
 
 
 def test_the_jsd_figure_plots_each_pe_s_mean_over_seeds_beside_the_floor():

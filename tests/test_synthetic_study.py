@@ -26,8 +26,14 @@ SCRATCHPAD = {task: REPO / f"experiments/synthetic/synthetic_scratchpad_{task}.y
 #: The tasks whose file runs one grid of the 3 seeds with the attention analysis (its floor pairs seeds in a grid).
 ATTENTION = ("scan", "pcfg")
 #: Each task's recipe: (steps, training examples, examples a step).
-RECIPES = {**{task: (3000, 20_000, 32) for task in TASKS}, "copy_repeat": (2000, 20_000, 32),
-           "parity": (2000, 20_000, 32), "addition": (4000, 20_000, 32), "summation": (12_000, 200_000, 32)}
+# (steps, training examples, examples a step, curriculum steps) of each task's recipe
+RECIPES = {**{task: (3000, 20_000, 32, 0) for task in TASKS}, "copy_repeat": (2000, 20_000, 32, 0),
+           "parity": (2000, 20_000, 32, 0), "addition": (4000, 20_000, 32, 0),
+           "summation": (12_000, 200_000, 32, 6000)}
+
+
+def recipe(cell) -> tuple[int, int, int, int]:
+    return cell.trainer.max_steps, cell.n_train, cell.batch_size, cell.curriculum_steps
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +60,7 @@ def test_each_task_file_runs_its_task_x_5_pes_x_3_seeds_at_its_recipe(task):
     cells = [cell for _, grid in planned for cell in grid.cells()]
     assert {(c.task, c.pos_encoding, c.seed) for c in cells} == {(task, pe, s) for pe in PAPER_PES for s in (0, 1, 2)}
     assert len(cells) == len(PAPER_PES) * 3
-    assert all((c.trainer.max_steps, c.n_train, c.batch_size) == RECIPES[task] and c.scratchpad == "none"
-               for c in cells)
+    assert all(recipe(c) == RECIPES[task] and c.scratchpad == "none" for c in cells)
     assert all(c.trainer.threads == 1 for c in cells)  # two files share 2 cores
     if task in ATTENTION:
         assert [(g.tasks, g.seeds, g.attention_examples_per_length) for _, g in planned] == [([task], [0, 1, 2], 2)]
@@ -74,7 +79,7 @@ def test_the_scratchpad_files_run_full_and_minimal_for_nope_and_t5_and_fit_their
     assert {(c.task, c.scratchpad, c.pos_encoding, c.seed) for c in cells} == {
         (t, s, pe, seed) for t in SCRATCHPAD for s in ("full", "minimal") for pe in ("nope", "t5")
         for seed in (0, 1, 2)}
-    assert all((c.trainer.max_steps, c.n_train, c.batch_size) == RECIPES[c.task] for c in cells)  # in every format
+    assert all(recipe(c) == RECIPES[c.task] for c in cells)  # in every format
     assert max(c.test_positions[0] for c in cells) <= 1024 == cells[0].model.max_positions
 
 

@@ -8,7 +8,7 @@ are not shown: with one grid per (task, seed) they would each show one seed.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 import numpy as np
@@ -87,16 +87,23 @@ def distance_histograms(grids: Iterable[SyntheticGridResult]) -> dict[str, objec
     ``{file name: Figure}``."""
     pooled: dict[tuple[str, str], dict[str, np.ndarray]] = defaultdict(dict)
     edges: dict[tuple[str, str], list[float]] = {}
+    n_grids: Counter[tuple[str, str]] = Counter()
     for grid in grids:
         scratchpads = {c.task: c.scratchpad for c in grid.runs}
         for task, attention in grid.attention.items():
             key = (task, scratchpads.get(task, "none"))
             edges[key] = attention.edges
+            n_grids[key] += 1
             for pe, counts in attention.hist.items():
                 pooled[key][pe] = pooled[key].get(pe, 0) + np.asarray(counts)
     return {f"synthetic_distance_{task}{'' if s == 'none' else '_' + s}.png": synthetic_grid.plot_distance_hist(
         pooled[(task, s)], edges[(task, s)], f"{_panel_name(task, s)}: attended distance, OOD output queries "
-        f"(all layers and heads, summed over seeds)") for task, s in sorted(pooled)}
+        f"(all layers and heads, {_seeds(n_grids[(task, s)])})") for task, s in sorted(pooled)}
+
+
+def _seeds(n: int) -> str:
+    """How many grids (seeds) a pooled histogram sums: a figure of one seed does not say it sums seeds."""
+    return "one seed" if n == 1 else f"summed over {n} seeds"
 
 
 def study_figures(grids: list[SyntheticGridResult]) -> dict[str, object]:
