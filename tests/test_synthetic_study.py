@@ -29,7 +29,7 @@ ATTENTION = ("scan", "pcfg")
 # (steps, training examples, examples a step, curriculum steps) of each task's recipe
 RECIPES = {**{task: (3000, 20_000, 32, 0) for task in TASKS}, "copy_repeat": (2000, 20_000, 32, 0),
            "parity": (2000, 20_000, 32, 0), "addition": (4000, 20_000, 32, 0),
-           "summation": (12_000, 200_000, 32, 6000)}
+           "summation": (12_000, 200_000, 32, 10_000)}
 
 
 def recipe(cell) -> tuple[int, int, int, int]:
