@@ -25,8 +25,7 @@ SCRATCHPAD = {task: REPO / f"experiments/synthetic/synthetic_scratchpad_{task}.y
               for task in ("addition", "parity", "summation", "lego")}
 #: The tasks whose file runs one grid of the 3 seeds with the attention analysis (its floor pairs seeds in a grid).
 ATTENTION = ("scan", "pcfg")
-#: Each task's recipe: (steps, training examples, examples a step).
-# (steps, training examples, examples a step, curriculum steps) of each task's recipe
+#: Each task's recipe: (steps, training examples, examples a step, curriculum steps).
 RECIPES = {**{task: (3000, 20_000, 32, 0) for task in TASKS}, "copy_repeat": (2000, 20_000, 32, 0),
            "parity": (2000, 20_000, 32, 0), "addition": (4000, 20_000, 32, 0),
            "summation": (12_000, 200_000, 32, 10_000)}
