@@ -20,9 +20,9 @@ from tests.conftest import REPO, load_script
 
 FILES = {task: REPO / f"experiments/synthetic/synthetic_{task}.yaml" for task in TASKS}
 #: The scratchpad study, one file per task (each fits 120 min on 2 cores whole or as its seed slices): the four tasks
-#: the second edition's claim needs at least.
+#: the second edition's claim needs at least, and LEGO.
 SCRATCHPAD = {task: REPO / f"experiments/synthetic/synthetic_scratchpad_{task}.yaml"
-              for task in ("addition", "parity", "summation", "lego")}
+              for task in ("addition", "parity", "summation", "sort_symbols", "lego")}
 #: The tasks whose file runs one grid of the 3 seeds with the attention analysis (its floor pairs seeds in a grid).
 ATTENTION = ("scan", "pcfg")
 #: Each task's recipe: (steps, training examples, examples a step, curriculum steps).
