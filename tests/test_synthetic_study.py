@@ -19,7 +19,7 @@ from nope_lightning.synthetic.tasks import TASKS
 from tests.conftest import REPO, load_script
 
 FILES = {task: REPO / f"experiments/synthetic/synthetic_{task}.yaml" for task in TASKS}
-#: The scratchpad study, one file per task (each fits 120 min on 2 cores whole or as its seed slices): the four tasks
+#: The scratchpad study, one file per task (the others extend parity's steps; each runs whole or as its slices): the four tasks
 #: the second edition's claim needs at least, and LEGO.
 SCRATCHPAD = {task: REPO / f"experiments/synthetic/synthetic_scratchpad_{task}.yaml"
               for task in ("addition", "parity", "summation", "sort_symbols", "lego")}
