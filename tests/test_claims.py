@@ -700,7 +700,7 @@ def test_a_report_lists_the_rules_changed_on_or_after_its_run():
     assert inflection_rule.date == "2026-11-26" and "794a560" in inflection_rule.reason
 
 
-# --- HeadScale past L (issue 38) ------------------------------------------------------------------------------
+# --- HeadScale past L ------------------------------------------------------------------------------------------
 
 PAST = "headscale past 4x"
 PAST_KEEPS, PAST_BEATS = CLAIMS_BY_ID["headscale_past_keeps_retrieval"], CLAIMS_BY_ID["headscale_past_beats_nope_4x"]

@@ -1,4 +1,4 @@
-"""The "tasks learned" table: which tasks a study's recipes learn in distribution, by how many PEs (issue 37's goal:
+"""The "tasks learned" table: which tasks a study's recipes learn in distribution, by how many PEs (the goal:
 >= 4 of the 5 PEs at ID exact match >= 0.9, mean over seeds), and which of the paper's 17 tasks have not run."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A synthetic grid as a pipeline step (issue 27): the pipeline's store and run reach the grid's ``base.tracking``
+"""A synthetic grid as a pipeline step: the pipeline's store and run reach the grid's ``base.tracking``
 and a replicate's seed its ``seeds``; the grid runs nested under the pipeline run, tagged with its ``RunKey``; a
 crash inside it resumes through the grid's own resume on a rerun of the pipeline, a further rerun skips it and
 another pipeline reuses it; its dry run plans it without compute, and a bad grid fails there in one line."""

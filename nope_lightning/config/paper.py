@@ -328,18 +328,18 @@ CLAIMS: tuple[Claim, ...] = (
           "of lambda = c + b ln s over the buckets past L, validation)", "a = 0.30 / 0.40 (R^2 0.995 / 0.977)",
           "log_law_slope", ("search_nope",), (), 0.05, unit="(lambda per ln s)", **_RAW, **_UP,
           paper_effect=PaperEffect(0.301, "a of the Eq. 5 fit at 10K steps, §3 (0.397 at 50K)")),
-    # HeadScale past L (issue 38: not in paper 001, so no paper magnitude): the per-head lambda of queries at
+    # HeadScale past L (not in paper 001, so no paper magnitude): the per-head lambda of queries at
     # positions >= L only, tuned like HeadScale at 4x. Declared before any run of it. Does it keep NoPE's
     # in-distribution retrieval while repairing 4x? Retrieval is read on the L-token prompts: a prompt whose answer
     # lies wholly inside L is answered by NoPE's own logits bit for bit (tests/test_headscale_past.py), so it cannot
     # fail there; an L-token prompt is in distribution and its answer is decoded past L, where lambda first acts.
     Claim("headscale_past_keeps_retrieval", "HeadScale past L keeps >= 90 % of NoPE's in-distribution retrieval "
-          "(passkey accuracy on L-token prompts over NoPE's)", "not in paper 001 (issue 38)", "passkey_ratio",
+          "(passkey accuracy on L-token prompts over NoPE's)", "not in paper 001", "passkey_ratio",
           ("headscale past 4x", "nope"), (1,), 0.9, unit="x NoPE's",
           preconditions=(Precondition("passkey_at_least", ("nope",), 0.5, 1),), **_LOG,
           inference="non-inferiority", null=1.0, presupposes_retrieval=True),
     Claim("headscale_past_beats_nope_4x", "HeadScale past L improves NoPE's perplexity at 4x (log-PPL at 4x, NoPE "
-          "minus HeadScale past L)", "not in paper 001 (issue 38)", "log_ppl_difference",
+          "minus HeadScale past L)", "not in paper 001", "log_ppl_difference",
           ("nope", "headscale past 4x"), (4, 4), PPL_EFFECT,
           preconditions=(Precondition("ppl_ratio_at_least", ("nope",), FAILURE_RATIO, 4),), **_RAW,
           inference="superiority"),
