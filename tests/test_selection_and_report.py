@@ -298,3 +298,83 @@ def test_the_key_nll_table_averages_each_seed_s_prompts_then_the_seeds():
     low, high = stats.t.interval(0.95, 2, loc=1.0, scale=stats.sem([0.5, 1.5, 1.0]))
     assert f"| nope | 1.00 [{max(low, 0.0):.2f}, {high:.2f}] |" in one
     assert key_nll_table({"old": runs["old"]}) == ""
+
+
+# --- the report's frame: its title, figure captions, footnotes and provenance -------------------------------
+
+BUNDLED = ["headscale_retrieval", "hybrids", "regime_study", "synthetic"]  # the studies that commit a bundle
+RUN_ID = re.compile(r"\b[0-9a-f]{32}\b")
+
+
+def test_a_study_is_named_by_the_words_its_pipelines_share_else_by_the_first():
+    from nope_lightning.analysis.report_frame import study_name
+
+    assert study_name([("regime_study_s8901", "a"), ("regime_study", "b")]) == "regime_study"
+    assert study_name([("synthetic_copy", "a"), ("synthetic_scratchpad_lego", "b")]) == "synthetic"
+    assert study_name([("hybrids", "a"), ("hybrids", "b")]) == "hybrids"
+    assert study_name([("tiny", "a"), ("seed7", "b")]) == "tiny"
+
+
+def test_a_note_marked_in_many_rows_is_printed_once():
+    from nope_lightning.analysis.markdown import Footnotes
+
+    notes = Footnotes()
+    assert [notes.mark("long note"), notes.mark("other"), notes.mark("long note")] == ["[1]", "[2]", "[1]"]
+    assert notes.render() == "* [1] long note\n* [2] other"
+    assert Footnotes().render() == ""
+
+
+def test_every_figure_the_report_draws_has_a_title_of_its_own_and_a_caption_naming_its_seeds():
+    from nope_lightning.stages.report import point_sections
+    from tests.test_results import EVALUATION, HEADSCALE, SEARCH
+
+    evals = {m: {s: EVALUATION for s in (1234, 2345)} for m in ("nope", "headscale 4x", "rope")}
+    evals["nope lambda=1.5"] = {1234: EVALUATION}
+    searches = {"search_nope": {1234: SEARCH, 2345: SEARCH}}
+    headscales = {"headscale_4x": {2345: HEADSCALE, 1234: HEADSCALE},
+                  "headscale_4x_noinit": {1234: HEADSCALE}}
+    methods = Methods(nope_family=frozenset({"nope", "nope lambda=1.5", "headscale 4x"}))
+    _, figures = point_sections(evals, searches, headscales, [], 100, methods)
+    assert sorted(figures) == ["headscale_4x-entropy_vs_lambda.png",
+                               "headscale_4x_noinit-entropy_vs_lambda.png", "lambda_fit_s1234.png",
+                               "lambda_fit_s2345.png", "passkey_heatmaps.png",
+                               "position_curves_baselines.png", "position_curves_nope.png"]
+    titles = {name: plot.figure.axes[0].get_title() for name, plot in figures.items()}
+    assert len(set(titles.values())) == len(titles), titles
+    assert titles["headscale_4x-entropy_vs_lambda.png"] == "headscale_4x, seed 2345, at 256"  # read first
+    assert titles["lambda_fit_s1234.png"] == "search_nope, seed 1234: uniform temperature search"
+    captions = {name: plot.caption for name, plot in figures.items()}
+    assert all(re.search(r"\bseeds? \d", caption) for caption in captions.values()), captions
+    nope = captions["position_curves_nope.png"]
+    assert "mean over seeds 1234, 2345 (`nope lambda=1.5`: seed 1234 only)" in nope
+    assert "of `rope`, mean over seeds 1234, 2345;" in captions["position_curves_baselines.png"]
+
+
+@pytest.mark.parametrize("study", BUNDLED)
+def test_a_committed_report_names_its_study_and_keeps_run_ids_for_its_provenance(study):
+    import json
+
+    folder = REPO / "experiments" / study / "results"
+    text = (folder / "report.md").read_text()
+    assert text.startswith(f"# Report: {study}\n")
+    body, provenance = text.split("\n## Provenance\n")
+    assert not RUN_ID.search(body)
+    pipelines = json.loads((folder / "results/index.json").read_text())["pipelines"]
+    assert RUN_ID.findall(provenance) == [run for _, run in pipelines]  # each once, in the order read
+    assert f"From the results bundle experiments/{study}/results/results:" in provenance
+    if (folder / "report.html").is_file():
+        assert f"<title>Report: {study}</title>" in (folder / "report.html").read_text()
+
+
+@pytest.mark.parametrize("study", BUNDLED)
+def test_every_figure_of_a_committed_report_has_a_caption_naming_its_seeds_and_notes_appear_once(study):
+    folder = REPO / "experiments" / study / "results"
+    lines = (folder / "report.md").read_text().splitlines()
+    images = [n for n, line in enumerate(lines) if line.startswith("![")]
+    captions = [lines[n + 2] for n in images]
+    assert images and all(re.fullmatch(r"\*Figure \d+\. .*\bseeds? \d.*\*", c) for c in captions), captions
+    assert len(set(captions)) == len(captions)
+    shown = {re.search(r"\]\((.+)\)$", lines[n]).group(1) for n in images}
+    assert shown == {p.name for p in folder.glob("*.png")}
+    notes = [line for line in lines if re.match(r"\* \[\d+\] ", line)]
+    assert len({note.split("] ", 1)[1] for note in notes}) == len(notes)

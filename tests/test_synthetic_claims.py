@@ -161,9 +161,11 @@ def test_a_claim_gets_no_verdict_when_no_task_was_learned_in_distribution(claim_
                                     id_acc=lambda task, pe: {"rope": 0.62, "sinusoidal": 0.5}.get(pe, 1.0)))
     assert failed.verdict == TOO_FEW and failed.interval is None
     assert "Rotary ID 0.62 < 0.9, APE ID 0.50 < 0.9" in failed.reason and "copy: " in failed.reason
-    # the table's tasks column says none was compared before listing those left out, not a bare "; left out"
-    assert ("| 0 tasks, 0 queries | none; left out copy: Rotary ID 0.62 < 0.9, APE ID 0.50 < 0.9; left out "
-            "reverse: ") in claims_table([failed])
+    # the table's tasks column says none was compared before listing those left out, not a bare "; left out";
+    # why each was left out is a footnote below the table
+    table = claims_table([failed])
+    assert "| 0 tasks, 0 queries | none; left out copy [1], reverse [2]," in table
+    assert "\n* [1] left out copy: Rotary ID 0.62 < 0.9, APE ID 0.50 < 0.9\n* [2] left out reverse: " in table
 
 
 @pytest.mark.parametrize("claim_id", list(SCENARIOS))
@@ -174,7 +176,8 @@ def test_fewer_than_four_learned_tasks_get_no_verdict_but_keep_their_effect(clai
     few = outcome(claim_id, grid(SCENARIOS[claim_id][0], id_acc=lambda t, pe: 1.0 if t in learned else 0.5))
     assert few.verdict == TOO_FEW and few.tasks == learned and few.queries == 9
     assert few.across.low > CLAIM[claim_id].threshold  # it would be reproduced on 4 tasks
-    assert f"| 3 tasks, 9 queries | {', '.join(learned)}; left out" in claims_table([few])
+    marked = ", ".join(f"{task} [{n}]" for n, task in enumerate(claim_tasks[MIN_TASKS - 1:], 1))
+    assert f"| 3 tasks, 9 queries | {', '.join(learned)}; left out {marked} |" in claims_table([few])
 
 
 def test_a_task_learned_by_fewer_than_four_pes_is_left_out_and_listed():
@@ -196,6 +199,12 @@ def test_a_task_learned_by_four_pes_is_compared_and_the_fifth_named():
         result = outcome(claim_id, cells)
         assert "copy" in result.tasks and result.left_out == () and result.below == (("copy", "APE ID 0.24 < 0.9"),)
         assert "compared below the floor on copy: APE ID 0.24 < 0.9" in claims_table([result])
+    # every claim compares copy with APE below the floor: the note is printed once, every row marks copy
+    table = claims_table([outcome(claim_id, cells) for claim_id in SCENARIOS])
+    assert table.count("below the floor on copy") == 1
+    assert "\n* [1] compared below the floor on copy: APE" in table
+    rows = [line for line in table.splitlines() if line.startswith("| ") and " queries | " in line]
+    assert len(rows) == len(SCENARIOS) and all(", copy [1]" in row or "| copy [1]" in row for row in rows)
     ours, learned = mrr_intervals(cells, RESAMPLES)
     assert learned == list(TASKS) and ours["nope"].estimate == pytest.approx(1.0)
     # APE is last on every query either way (0.1, or 0.0 on copy): 1/5
@@ -289,8 +298,9 @@ def test_scratchpad_over_fewer_than_four_learned_tasks_gets_no_verdict():
     assert three.verdict == TOO_FEW and three.tasks == ("addition", "sort", "parity") and three.queries == 9
     assert [e.verdict for e in three.by_task] == ["reproduced", "not reproduced", "not reproduced"]
     assert three.reason == "3 of at least 4 tasks learned with a full scratchpad"
-    assert "| 3 tasks, 9 queries | addition, sort, parity; left out summation: NoPE (full) ID 0.50" in claims_table(
-        [three])
+    table = claims_table([three])
+    assert "| 3 tasks, 9 queries | addition, sort, parity; left out summation [1] |" in table
+    assert "\n* [1] left out summation: NoPE (full) ID 0.50" in table
 
 
 def test_the_scratchpad_precondition_reads_the_format_the_task_is_run_with():

@@ -1,6 +1,7 @@
 """Paper 002's report figures over several grids (``analysis.synthetic_figures``): per-length exact match is the mean
 over seeds of every grid's cells, one panel per (task, scratchpad); the JSD figure plots each PE's per-layer mean
-over seeds beside the floor; attended-distance histograms sum the grids' counts per (task, scratchpad)."""
+over seeds beside the floor; attended-distance histograms sum the grids' counts per (task, scratchpad). Each
+comes with the caption the report prints under it, naming the seeds it draws."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def lines(ax) -> dict[str, tuple[list, list]]:
 
 
 def test_accuracy_by_length_is_the_mean_over_seeds_of_every_grid():
-    fig = accuracy_by_length([one_seed_grid(0), one_seed_grid(1), one_seed_grid(0, "full")])
+    fig, caption = accuracy_by_length([one_seed_grid(0), one_seed_grid(1), one_seed_grid(0, "full")])
+    assert "mean over seeds 0, 1 (`copy_repeat (full)`: seed 0 only)" in caption
     visible = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in visible] == ["copy_repeat", "copy_repeat (full)"]
     plain = lines(visible[0])
@@ -47,24 +49,33 @@ def test_distance_histograms_sum_counts_over_the_grids_of_a_task_and_scratchpad(
              one_seed_grid(0, "full")]
     figures = distance_histograms(grids)
     assert sorted(figures) == ["synthetic_distance_copy_repeat.png", "synthetic_distance_copy_repeat_full.png"]
-    nope = figures["synthetic_distance_copy_repeat.png"].axes[0]
+    nope = figures["synthetic_distance_copy_repeat.png"].figure.axes[0]
     heights = [bar.get_height() for bar in nope.patches]
     assert np.allclose(heights, np.array([1, 2, 0, 3]) / 6)  # [1, 0, 0, 3] + [0, 2, 0, 0], as fractions
     # the title says how many seeds a histogram sums: the full-scratchpad one has a single grid
-    assert figures["synthetic_distance_copy_repeat.png"].get_suptitle().endswith("summed over 2 seeds)")
-    assert figures["synthetic_distance_copy_repeat_full.png"].get_suptitle().endswith("one seed)")
+    plain = figures["synthetic_distance_copy_repeat.png"]
+    full = figures["synthetic_distance_copy_repeat_full.png"]
+    assert plain.figure.get_suptitle().endswith("summed over 2 seeds)")
+    assert full.figure.get_suptitle().endswith("one seed)")
+    assert plain.caption.endswith("summed over seeds 0, 1.") and full.caption.endswith("summed over seed 0.")
 
 
 def test_the_jsd_figure_plots_each_pe_s_mean_over_seeds_beside_the_floor():
     by_seed = {0: {"T5": [0.1, 0.3], "ALiBi": [0.2, 0.2]}, 1: {"T5": [0.3, 0.5], "ALiBi": [0.4, 0.6]}}
     figures = jsd_by_layer([made_up_grid(by_seed, floors={1: (0, [0.05, 0.15])})])
-    (ax,) = figures["synthetic_jsd_scan.png"].axes
+    (ax,) = figures["synthetic_jsd_scan.png"].figure.axes
+    assert "mean over seeds 0, 1;" in figures["synthetic_jsd_scan.png"].caption
     drawn = lines(ax)
     assert drawn["T5 (2)"] == ([1, 2], [0.2, 0.4]) and np.allclose(drawn["ALiBi (2)"][1], [0.3, 0.4])
     assert np.allclose(drawn["NoPE, other seed (1)"][1], [0.05, 0.15])
     assert jsd_by_layer([one_seed_grid(0)]) == {}  # no per-seed attention values: no figure
 
 
-def test_study_figures_names_every_figure():
-    assert sorted(study_figures([one_seed_grid(0)])) == ["synthetic_accuracy_by_length.png",
-                                                         "synthetic_distance_copy_repeat.png"]
+def test_study_figures_names_every_figure_with_its_own_title_and_caption():
+    figures = study_figures([one_seed_grid(0), one_seed_grid(1), one_seed_grid(0, "full")])
+    assert sorted(figures) == ["synthetic_accuracy_by_length.png", "synthetic_distance_copy_repeat.png",
+                               "synthetic_distance_copy_repeat_full.png"]
+    titles = [plot.figure.get_suptitle() or plot.figure.axes[0].get_title() for plot in figures.values()]
+    captions = [plot.caption for plot in figures.values()]
+    assert len(set(titles)) == len(titles) and len(set(captions)) == len(captions)
+    assert all("seed" in caption for caption in captions)

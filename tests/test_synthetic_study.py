@@ -97,12 +97,14 @@ def test_a_slice_trains_the_cells_the_whole_file_trains_at_its_point(slicer, tmp
     assert not any(o.startswith("seeds=") for o in scan[0]["overrides"])
 
 
-def test_a_report_over_slices_names_each_file_once_with_its_runs():
-    from nope_lightning.stages.report import _pipelines_line
+def test_a_report_over_slices_is_titled_by_the_study_and_counts_its_runs_and_files():
+    from nope_lightning.analysis.report_frame import heading
 
-    assert _pipelines_line([("synthetic_parity", "a"), ("synthetic_scan", "b"), ("synthetic_parity", "c")]) == (
-        "pipeline `synthetic_parity` (runs a, c), with pipeline `synthetic_scan` (run b)")
-    assert _pipelines_line([("tiny", "a")]) == "pipeline `tiny` (run a)"
+    slices = [("synthetic_parity", "a"), ("synthetic_scan", "b"), ("synthetic_parity", "c")]
+    assert heading(slices).startswith("# Report: synthetic\n\nRead from 3 pipeline runs of 2 experiment "
+                                      "files;")
+    assert heading([("tiny", "a")]).startswith("# Report: tiny\n\nRead from 1 pipeline run of 1 experiment "
+                                               "file;")
 
 
 def test_one_report_reads_a_task_study_beside_a_scratchpad_study_of_the_same_task(tmp_path):

@@ -26,6 +26,22 @@ def render(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(map(escape, row)) + " |" for row in rows])
 
 
+class Footnotes:
+    """Notes that a table's cells point to by a short marker (``[1]``, ``[2]``, … in the order first marked)
+    and that are printed once below it: a long note repeated row after row would bury the row's numbers."""
+
+    def __init__(self) -> None:
+        self.notes: dict[str, int] = {}
+
+    def mark(self, note: str) -> str:
+        """The marker of ``note`` (a note marked twice keeps its first number)."""
+        return f"[{self.notes.setdefault(note, len(self.notes) + 1)}]"
+
+    def render(self) -> str:
+        """One ``* [n] note`` line per note ('' without notes)."""
+        return "\n".join(f"* [{n}] {note}" for note, n in self.notes.items())
+
+
 def html_page(markdown_text: str, folder: Path, title: str) -> str:
     """The report as one self-contained HTML page (tables, and the PNGs embedded as data URIs), so MLflow's
     artifact viewer and a browser show it whole without the neighbouring files."""

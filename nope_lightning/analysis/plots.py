@@ -137,9 +137,9 @@ def passkey_heatmaps(panels: Mapping[str, Mapping[tuple[int, float], float]], co
     return fig
 
 
-def lambda_fit(summary: ScaleSearchResult):
+def lambda_fit(summary: ScaleSearchResult, title: str = "uniform temperature search"):
     """Fig 7 style: best uniform lambda per position (s = i / L) with the fit lambda = 1 + a ln s, and the
-    best lambda per target length."""
+    best lambda per target length (a report titles each search and seed apart)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     points = summary.per_position_best
     if points:
@@ -156,15 +156,17 @@ def lambda_fit(summary: ScaleSearchResult):
     ax.set_ylabel("lambda (units of 1/sqrt(d))")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title("uniform temperature search")
+    ax.set_title(title)
     fig.tight_layout()
     return fig
 
 
-def learned_vs_entropy(entropy: np.ndarray, table: np.ndarray, target_len: int, what: str, floor: float):
+def learned_vs_entropy(entropy: np.ndarray, table: np.ndarray, target_len: int, what: str, floor: float,
+                       title: str = ""):
     """Fig 5 style: HeadScale's learned per-head ``what`` (y: lambda in units of 1/sqrt(d), or HeadScale-log's
     slope a) against converged attention entropy (x, nats), one colour per layer, a dotted line at ``floor``.
-    ``entropy`` and ``table`` are (n_layer, n_head)."""
+    ``entropy`` and ``table`` are (n_layer, n_head); ``title`` (the report's names the method and
+    seed) defaults to what and where."""
     n_layer = table.shape[0]
     colours = plt.get_cmap("viridis")(np.linspace(0, 1, n_layer))
     fig, ax = plt.subplots(figsize=(6, 4.5))
@@ -173,7 +175,7 @@ def learned_vs_entropy(entropy: np.ndarray, table: np.ndarray, target_len: int, 
     ax.axhline(floor, color="gray", linestyle=":", linewidth=1)
     ax.set_xlabel(f"converged attention entropy at {target_len} (nats)")
     ax.set_ylabel(f"learned {what}")
-    ax.set_title(f"HeadScale at {target_len}: per-head {what.split(' (')[0]} vs entropy")
+    ax.set_title(title or f"HeadScale at {target_len}: per-head {what.split(' (')[0]} vs entropy")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=max(1, n_layer // 8))
     fig.tight_layout()

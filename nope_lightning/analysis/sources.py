@@ -73,6 +73,11 @@ class StoreSource:
     def label(self) -> str:
         return f"pipeline run {self.run}"
 
+    @property
+    def origin(self) -> str:
+        """Where its pipeline run was read, for the report's provenance."""
+        return f"MLflow store {self.store.uri}"
+
     def pipelines(self) -> list[tuple[str, str]]:
         return [(tracking.client(self.store).get_run(self.run).info.run_name, self.run)]
 
@@ -112,6 +117,10 @@ class BundleSource:
     @property
     def label(self) -> str:
         return f"results bundle {self.folder}"
+
+    @property
+    def origin(self) -> str:
+        return self.label
 
     def pipelines(self) -> list[tuple[str, str]]:
         return list(self.bundle.pipelines)
@@ -156,12 +165,13 @@ class Gathered:
     """Every source's results: ``results``, evaluate, scale-search, HeadScale and synthetic-grid results placed
     by stage, matrix point (the run's matrix values ``((key, value), ...)``, ``()`` without a matrix), method and
     seed; the pre-training ``recipes``; and, for the report's bundle, everything ``placed`` and the run-made
-    ``files`` copied into the report's folder."""
+    ``files`` copied into the report's folder, all of them the runs' at ``first_seed``."""
 
     results: ResultIndex = field(default_factory=ResultIndex)
     recipes: list[Recipe] = field(default_factory=list)
     placed: list[Placed] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+    first_seed: int | None = None
 
 
 def gather(sources: list, out: Path, matrix_keys: list[str]) -> Gathered:
@@ -190,6 +200,7 @@ def gather(sources: list, out: Path, matrix_keys: list[str]) -> Gathered:
                 found.recipes.append(item.recipe)
             if key.seed == first_seed:  # their own figures (Fig 5, synthetic accuracy) from the first replicate
                 found.files += item.copy(out)
+    found.first_seed = first_seed
     return found
 
 
@@ -200,6 +211,11 @@ def _copy_files(files: list[Path], out: Path) -> list[Path]:
         if not (out / path.name).exists():
             shutil.copyfile(path, out / path.name)
     return [out / path.name for path in files]
+
+
+def run_file_name(method: str, name: str) -> str:
+    """The report's name for a file a run of ``method`` made: ``<method>-<name>``, spaces made underscores."""
+    return f"{method.replace(' ', '_')}-{name}"
 
 
 def _copy_run_files(store: TrackingConfig, run, out: Path, method: str) -> list[Path]:
@@ -213,6 +229,6 @@ def _copy_run_files(store: TrackingConfig, run, out: Path, method: str) -> list[
         for artifact in client.list_artifacts(run.info.run_id, folder):
             if artifact.path.endswith((".png", ".md")):
                 local = tracking.download(store, run.info.run_id, artifact.path)
-                copied.append(out / f"{method.replace(' ', '_')}-{Path(artifact.path).name}")
+                copied.append(out / run_file_name(method, Path(artifact.path).name))
                 shutil.copyfile(local, copied[-1])
     return copied

@@ -51,6 +51,7 @@ import numpy as np
 
 from nope_lightning.analysis.claim_tests import NotMeasured
 from nope_lightning.analysis.claims import NO_SEED_VERDICT, Outcome, verdict
+from nope_lightning.analysis.markdown import Footnotes
 from nope_lightning.analysis.synthetic_cells import (
     FULL,
     NONE,
@@ -352,13 +353,15 @@ def claims_table(outcomes: Sequence[SyntheticOutcome]) -> str:
     """``report_sections.claims_table``'s layout for paper 002: each claim's rule, what the paper says, our effect with its
     95 % interval across seeds (and each seed's effect), the prediction interval for one new seed, the
     evaluation-only paired bootstrap, the tasks compared (and those left out), the seeds on the claim's side (for
-    the scratchpad claim: the tasks it helps, does not, or leaves unclear) and the verdict."""
-    show, rows = "{:+.3f}".format, []
+    the scratchpad claim: the tasks it helps, does not, or leaves unclear) and the verdict. Why a task was
+    left out or compared below the floor is a footnote marked beside the task, printed once below it."""
+    show, rows, notes = "{:+.3f}".format, [], Footnotes()  # the floor notes repeat claim after claim
     for o in outcomes:
-        c = o.claim
-        compared = ([", ".join(o.tasks) or "none"] + [f"compared below the floor on {t}: {why}" for t, why in o.below]
-                    + [f"left out {t}: {why}" for t, why in o.left_out])
-        tasks = "; ".join(compared) if o.tasks or o.left_out else MISSING
+        c, below = o.claim, dict(o.below)
+        compared = ", ".join(t + (f" {notes.mark(f'compared below the floor on {t}: {below[t]}')}"
+                                  if t in below else "") for t in o.tasks) or "none"
+        left = ", ".join(f"{t} {notes.mark(f'left out {t}: {why}')}" for t, why in o.left_out)
+        tasks = compared + (f"; left out {left}" if left else "") if o.tasks or o.left_out else MISSING
         rests = f"{len(o.tasks)} task{'s' * (len(o.tasks) != 1)}, {o.queries} queries" if o.tasks or o.left_out \
             else MISSING
         if o.by_task:
@@ -385,7 +388,9 @@ def claims_table(outcomes: Sequence[SyntheticOutcome]) -> str:
             "named (the scratchpad claim: every PE run in both formats reaches it in the full-scratchpad format). "
             "Verdicts as paper 001's, from the interval across "
             f"seeds; one seed gets none, nor does a claim over fewer than {MIN_TASKS} learned tasks ({TOO_FEW}). "
-            "*rests on*: the tasks compared and their (task, seed) queries.\n\n"
+            "*rests on*: the tasks compared and their (task, seed) queries; in *tasks*, a [n] beside a task "
+            "points to the note below the table on why it was left out or compared below the floor.\n\n"
             + markdown_table(["claim", "rule", "the paper says", "ours: effect [95 % across seeds]",
                               "one new seed [95 % prediction]", "evaluation only [95 % paired bootstrap]", "rests on",
-                              "tasks", "seeds on the claim's side", "verdict"], rows))
+                              "tasks", "seeds on the claim's side", "verdict"], rows)
+            + (f"\n\n{notes.render()}" if notes.notes else ""))

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure  # no pyplot: no global state
 from nope_lightning.analysis import synthetic_grid
 from nope_lightning.analysis.attention_claims import T5_CLOSEST, attention_index, claim_tasks
 from nope_lightning.analysis.claim_tests import NotMeasured
+from nope_lightning.analysis.report_frame import Plot, over_seeds, seeds
 from nope_lightning.config.synthetic import PAPER_NAMES, PAPER_PES
 from nope_lightning.results.synthetic import SyntheticGridResult
 
@@ -25,15 +26,17 @@ def _panel_name(task: str, scratchpad: str) -> str:
     return task if scratchpad == "none" else f"{task} ({scratchpad})"
 
 
-def accuracy_by_length(grids: Iterable[SyntheticGridResult]):
+def accuracy_by_length(grids: Iterable[SyntheticGridResult]) -> Plot | None:
     """Exact match per length (ID and OOD buckets) per PE, mean over seeds, one panel per (task, scratchpad);
-    the training maximum dashed. A Figure, or None without cells."""
+    the training maximum dashed. None without cells."""
     per_panel: dict[tuple[str, str], dict[str, dict[int, list[float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list)))
     train_max: dict[tuple[str, str], int] = {}  # the cells' own (a config may set train_max_len)
+    panel_seeds: dict[str, set[int]] = defaultdict(set)
     for grid in grids:
         for cell in grid.runs:
             train_max[(cell.task, cell.scratchpad)] = cell.train_max_len
+            panel_seeds[_panel_name(cell.task, cell.scratchpad)].add(cell.seed)
             for bucket in cell.buckets:
                 x = synthetic_grid.bucket_start(bucket.bucket)
                 per_panel[(cell.task, cell.scratchpad)][cell.pos_encoding][x].append(bucket.acc)
@@ -52,12 +55,14 @@ def accuracy_by_length(grids: Iterable[SyntheticGridResult]):
     for ax in axes[len(order):]:
         ax.set_visible(False)
     fig.suptitle("Exact match per length, mean over seeds (left of the dashed line: training lengths)")
-    return fig
+    return Plot(fig, "Exact match per length of each PE, one panel per task (a scratchpad format in "
+                     f"brackets), {over_seeds(panel_seeds)}; left of the dashed line: the training lengths.")
 
 
-def jsd_by_layer(grids: Iterable[SyntheticGridResult]) -> dict[str, object]:
+def jsd_by_layer(grids: Iterable[SyntheticGridResult]) -> dict[str, Plot]:
     """Per task the attention claim reads (SCAN, else every analysed task): each PE's min-head JSD to NoPE per
-    layer, mean over seeds, beside the NoPE-vs-NoPE floor (dashed). ``{file name: Figure}``; empty without values."""
+    layer, mean over seeds, beside the NoPE-vs-NoPE floor (dashed). ``{file name: Plot}``; empty without
+    values."""
     index = attention_index(grids)
     try:
         tasks, _ = claim_tasks(T5_CLOSEST, index)
@@ -78,27 +83,35 @@ def jsd_by_layer(grids: Iterable[SyntheticGridResult]) -> dict[str, object]:
         ax.set(title=f"{task}: JSD of each PE's attention to NoPE's (seeds)", xlabel="layer",
                ylabel="min-head JSD (nats)", xticks=layers)
         ax.legend(fontsize=8)
-        figures[f"synthetic_jsd_{task}.png"] = fig
+        figures[f"synthetic_jsd_{task}.png"] = Plot(fig, (
+            f"{task}: each PE's attention against NoPE's (min-head JSD per layer, the PE's seed count in "
+            f"brackets), {over_seeds({task: by_seed})}; dashed: NoPE against NoPE of another seed, the "
+            "floor."))
     return figures
 
 
-def distance_histograms(grids: Iterable[SyntheticGridResult]) -> dict[str, object]:
+def distance_histograms(grids: Iterable[SyntheticGridResult]) -> dict[str, Plot]:
     """Attended-distance histograms per PE, summed over the grids (seeds) of each (task, scratchpad) analysed.
-    ``{file name: Figure}``."""
+    ``{file name: Plot}``."""
     pooled: dict[tuple[str, str], dict[str, np.ndarray]] = defaultdict(dict)
     edges: dict[tuple[str, str], list[float]] = {}
     n_grids: Counter[tuple[str, str]] = Counter()
+    grid_seeds: dict[tuple[str, str], set[int]] = defaultdict(set)
     for grid in grids:
         scratchpads = {c.task: c.scratchpad for c in grid.runs}
         for task, attention in grid.attention.items():
             key = (task, scratchpads.get(task, "none"))
             edges[key] = attention.edges
             n_grids[key] += 1
+            grid_seeds[key] |= {c.seed for c in grid.runs if c.task == task}
             for pe, counts in attention.hist.items():
                 pooled[key][pe] = pooled[key].get(pe, 0) + np.asarray(counts)
-    return {f"synthetic_distance_{task}{'' if s == 'none' else '_' + s}.png": synthetic_grid.plot_distance_hist(
-        pooled[(task, s)], edges[(task, s)], f"{_panel_name(task, s)}: attended distance, OOD output queries "
-        f"(all layers and heads, {_seeds(n_grids[(task, s)])})") for task, s in sorted(pooled)}
+    return {f"synthetic_distance_{task}{'' if s == 'none' else '_' + s}.png": Plot(
+        synthetic_grid.plot_distance_hist(pooled[(task, s)], edges[(task, s)],
+                                          f"{_panel_name(task, s)}: attended distance, OOD output queries "
+                                          f"(all layers and heads, {_seeds(n_grids[(task, s)])})"),
+        f"{_panel_name(task, s)}: how far back each PE's attention reaches from the OOD output queries (all "
+        f"layers and heads), summed over {seeds(grid_seeds[(task, s)])}.") for task, s in sorted(pooled)}
 
 
 def _seeds(n: int) -> str:
@@ -106,7 +119,8 @@ def _seeds(n: int) -> str:
     return "one seed" if n == 1 else f"summed over {n} seeds"
 
 
-def study_figures(grids: list[SyntheticGridResult]) -> dict[str, object]:
-    """Every paper-002 figure of ``grids``: ``{file name: Figure}``."""
+def study_figures(grids: list[SyntheticGridResult]) -> dict[str, Plot | None]:
+    """Every paper-002 figure of ``grids`` with its caption: ``{file name: Plot}`` (None: no cells to
+    draw)."""
     figures = {"synthetic_accuracy_by_length.png": accuracy_by_length(grids)}
     return {**figures, **jsd_by_layer(grids), **distance_histograms(grids)}

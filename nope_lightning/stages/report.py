@@ -8,7 +8,10 @@ bands, ``report.md``, a self-contained ``report.html`` and the results it read (
 ``results/bundle.py``) under ``out_dir``, and logs them, with per-method headline metrics, to the pipeline run
 itself (artifact folder ``report/``; a rerun overwrites them, so there is one report per pipeline run). What it
 knows of each method (the paper row it sits beside, its family, the paired table's reference) is the experiment
-file's (``tables.Methods``), never read from the method's label.
+file's (``tables.Methods``), never read from the method's label. The report is titled by its study's name
+(``report_frame.study_name``: the words its pipelines' names share, e.g. ``regime_study`` for ``regime_study``
+and its seed files ``regime_study_s5678``, …), captions every figure with what it shows and over which seeds,
+and ends with its provenance: each pipeline run's name, id, day and the store or bundle it was read from.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from nope_lightning.analysis import (
     claims,
     markdown,
     plots,
+    report_frame,
     report_sections,
     sweep,
     synthetic_claims,
@@ -36,16 +40,23 @@ from nope_lightning.analysis import (
     tables,
 )
 from nope_lightning.analysis import sources as report_sources
+from nope_lightning.analysis.report_frame import Plot, over_seeds, seeds
 from nope_lightning.config.paper import CLAIMS_BY_ID
 from nope_lightning.config.pipeline import ReportConfig
 from nope_lightning.numerics.stats import t_interval
 from nope_lightning.results.bundle import Bundle
 from nope_lightning.results.evaluation import Curve, EvaluationResult
+from nope_lightning.results.headscale import HeadScaleResult
 from nope_lightning.runtime import tracking
+from nope_lightning.stages.headscale import PARAMETERIZATIONS
+
+#: The Fig 5 file a HeadScale run draws (``plots/entropy_vs_lambda.png``); the report draws it again under the
+#: name the run's copy has, so that its title names the method and seed.
+FIG5 = "entropy_vs_lambda.png"
 
 
-def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int,
-                   methods: tables.Methods) -> tuple[list[str], dict[str, Any]]:
+def point_sections(evals: dict, searches: dict, headscales: dict, outcomes: list, resamples: int,
+                   methods: tables.Methods) -> tuple[list[str], dict[str, Plot | None]]:
     """The tables and figures of one matrix point."""
     sections = [report_sections.retrieval_line(claims.retrieval_by_seed(evals)) if outcomes else "",
                 report_sections.claims_table(outcomes) if outcomes else "",
@@ -54,17 +65,25 @@ def point_sections(evals: dict, searches: dict, outcomes: list, resamples: int,
                 report_sections.retrieval_table(evals), tables.key_nll_table(evals), tables.longctx_table(evals),
                 *(tables.paired_table(evals, resamples, reference) for reference in methods.references),
                 *(report_sections.search_section(method, by_seed) for method, by_seed in searches.items())]
-    figures: dict[str, Any] = {}
-    for by_seed in searches.values():
+    figures: dict[str, Plot | None] = {}
+    for method, by_seed in searches.items():
         for seed, summary in by_seed.items():
             name = f"lambda_fit{'' if seed is None else f'_s{seed}'}.png"
-            figures[name] = plots.lambda_fit(summary)
+            title = f"{_named(method, seed)}: uniform temperature search"
+            figures[name] = Plot(plots.lambda_fit(summary, title), (
+                f"Uniform-scale search `{method}`, {seeds([seed])}: the best lambda per position bucket "
+                "(s = position / train length) with the fit 1 + a ln s, and the best lambda per target "
+                "length (stars)."))
+    figures.update(fig5_plots(headscales))
     if evals:
         # Fig 1/4: the NoPE family (plain, uniform lambda, HeadScale), then the baselines beside the reference.
         nope_family = {m: s for m, s in evals.items() if m in methods.nope_family}
         baselines = {m: s for m, s in evals.items() if m not in nope_family or m == methods.reference}
-        figures["position_curves_nope.png"] = position_figure(nope_family)
-        figures["position_curves_baselines.png"] = position_figure(baselines)
+        beside = f" beside {methods.reference}" if methods.reference in baselines else ""
+        who = (f"Baselines{beside}" if set(baselines) - {methods.reference}
+               else f"Reference {methods.reference}, no baseline run")  # drawn all the same, as it always was
+        figures["position_curves_nope.png"] = position_figure(nope_family, "NoPE and its repairs")
+        figures["position_curves_baselines.png"] = position_figure(baselines, who)
         figures["passkey_heatmaps.png"] = passkey_figure(evals)
     return sections, figures
 
@@ -82,18 +101,27 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     # The claims read a point's HeadScale (Fig 5), scale-search and evaluate runs by method.
     runs_by_point = {p: {**index.at("headscale", p), **index.at("scale-search", p), **index.at("evaluate", p)}
                      for p in points}
-    sections, figures = [], {}
+    sections: list[str] = []
+    figures: dict[str, Plot | None] = {}
     if axes:
-        text, figures["sweep.png"] = sweep.sweep_section(runs_by_point, axes, resamples)
+        text, figure = sweep.sweep_section(runs_by_point, axes, resamples)
+        swept = [s for runs in runs_by_point.values() for by_seed in runs.values() for s in by_seed]
+        figures["sweep.png"] = Plot(figure, (f"The sweep's plotted measures against `{axes['x']}`, one "
+                                             f"line per `{axes['lines']}` (mean of per-seed effects, 95 % "
+                                             f"bootstrap intervals), pooled over {seeds(swept)}."))
         sections.append(text)
     else:
         for point in points:
             outcomes = [claims.evaluate_claim(CLAIMS_BY_ID[c], runs_by_point[point], resamples) for c in claim_ids]
-            point_text, point_figures = point_sections(index.at("evaluate", point), index.at("scale-search", point),
-                                                       outcomes, resamples, methods)
+            point_text, point_figures = point_sections(
+                index.at("evaluate", point), index.at("scale-search", point), index.at("headscale", point),
+                outcomes, resamples, methods)
             if point:
-                sections.append(f"## Matrix point {', '.join(f'{k} = {v}' for k, v in point)}")
-                point_figures = {f"{_slug(point)}-{n}": f for n, f in point_figures.items()}
+                where = ", ".join(f"{k} = {v}" for k, v in point)
+                sections.append(f"## Matrix point {where}")
+                point_figures = {f"{_slug(point)}-{n}": p and Plot(p.figure, f"Matrix point {where}. "
+                                                                             f"{p.caption}")
+                                 for n, p in point_figures.items()}
             sections += point_text
             figures.update(point_figures)
     # Paper 002: every grid's cells and attention analyses pooled (a study may span several files or seeds).
@@ -108,18 +136,26 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
         sections.insert(0, report_sections.changed_rules_section([CLAIMS_BY_ID[c] for c in claim_ids],
                                                                  list(dates.values())))
     sections.append(report_sections.recipe_section(found.recipes))
-    for name, fig in figures.items():
-        if fig is not None:
-            fig.savefig(out / name, dpi=120, bbox_inches="tight")
-            plots.plt.close(fig)
+    captions = {}
+    for name, plot in figures.items():
+        if plot is not None and plot.figure is not None:
+            plot.figure.savefig(out / name, dpi=120, bbox_inches="tight")
+            plots.plt.close(plot.figure)
+            captions[name] = plot.caption
+    for path in found.files:  # what runs drew themselves, unless drawn again above
+        if path.suffix == ".png" and path.name not in captions:
+            method, _, made = path.name.rpartition("-")
+            captions[path.name] = (f"`{made}`, drawn by the `{method}` run itself, "
+                                   f"{seeds([found.first_seed])}.")
     sections += [md.read_text() for md in sorted(out.glob("*.md")) if md.name != "report.md"]
-    pngs = sorted(p.name for p in out.glob("*.png"))
-    pipelines = [p for source in sources for p in source.pipelines()]
-    text = (f"# Report: {_pipelines_line(pipelines)}\n\n"
-            + "\n\n".join(s for s in sections if s)
-            + "\n\n## Plots\n\n" + "\n".join(f"![{p}]({p})" for p in pngs) + "\n")
+    read = [(name, run_id, source.origin) for source in sources for name, run_id in source.pipelines()]
+    pipelines = [(name, run_id) for name, run_id, _ in read]
+    text = "\n\n".join(s for s in [report_frame.heading(pipelines), *sections,
+                                     report_frame.plots_section(sorted(captions), captions),
+                                     report_frame.provenance_section(read, dates)] if s) + "\n"
     (out / "report.md").write_text(text)
-    (out / "report.html").write_text(markdown.html_page(text, out, f"Report: {pipelines[0][0]}"))
+    (out / "report.html").write_text(markdown.html_page(text, out,
+                                                        f"Report: {report_frame.study_name(pipelines)}"))
     Bundle(pipelines, configs, found.placed, found.recipes, found.files, dates).write(out / "results")
     if cfg.run:  # into the pipeline's own run (no run of its own): a rerun overwrites the same artifacts and metrics
         tracking.log_artifacts(cfg.tracking, cfg.run, out, "report")
@@ -131,14 +167,9 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
             "methods": len({key.method for key in index if key.stage == "evaluate"})}
 
 
-def _pipelines_line(pipelines: list[tuple[str, str]]) -> str:
-    """``pipeline `a` (run 1), with pipeline `b` (runs 2, 3)``: the sources' pipeline runs, grouped by name in the
-    order they first come (a study run as slices has many runs of one file)."""
-    runs: dict[str, list[str]] = {}
-    for name, run_id in pipelines:
-        runs.setdefault(name, []).append(run_id)
-    return ", with ".join(f"pipeline `{name}` (run{'s' if len(ids) > 1 else ''} {', '.join(ids)})"
-                          for name, ids in runs.items())
+def _named(method: str, seed: int | None) -> str:
+    """A figure title's 'method, seed 1234' (a run without a replicate seed: the method alone)."""
+    return method if seed is None else f"{method}, seed {seed}"
 
 
 def _slug(point: tuple) -> str:
@@ -159,7 +190,9 @@ def _seed_curves(by_seed: dict, curve: Callable[[EvaluationResult], Curve | None
     return x, [i.estimate for i in per_bucket], [i.low for i in per_bucket], [i.high for i in per_bucket]
 
 
-def position_figure(evals: dict):
+def position_figure(evals: dict, who: str) -> Plot | None:
+    """Fig 1/4: per-position log-PPL and attention entropy of ``who`` (the methods of ``evals``), over
+    seeds."""
     logppl = {m: c for m, s in evals.items()
               if (c := _seed_curves(s, lambda r: r.position.logppl.get(r.corpora[0])))}
     entropy = {m: c for m, s in evals.items() if (c := _seed_curves(s, lambda r: r.position.entropy))}
@@ -168,15 +201,21 @@ def position_figure(evals: dict):
     first = next(r for s in evals.values() for r in s.values() if r.position is not None)
     x = next(iter(logppl.values()))[0]
     bound = (x, list(np.log(np.asarray(x) + 1))) if entropy else None
-    seeds = max(len(s) for s in evals.values())
-    band = f"{seeds} seeds: mean, band = 95 % t interval across seeds" if seeds > 1 else "band = 95 % bootstrap"
-    return plots.position_curves(logppl, entropy, first.train_len, bound,
-                                 title=f"log-PPL and attention entropy by position ({band})")
+    count = max(len(s) for s in evals.values())
+    band = "95 % t interval across seeds" if count > 1 else "95 % bootstrap interval of the run"
+    drawn = {m: [s for s, r in evals[m].items() if r.position is not None] for m in logppl}
+    short = "95 % t" if count > 1 else "95 % bootstrap"  # a title within the axes keeps the figure size
+    title = f"{who}: log-PPL and entropy by position ({count} seed{'s' * (count > 1)}, {short} band)"
+    return Plot(plots.position_curves(logppl, entropy, first.train_len, bound, title=title),
+                f"{who}: per-position log-PPL (top) and attention entropy (bottom) of "
+                f"{', '.join(f'`{m}`' for m in logppl)}, {over_seeds(drawn)}; band: {band}; dashed: the "
+                f"training length {first.train_len}"
+                + ("; dotted: log i, uniform attention." if bound else "."))
 
 
-def passkey_figure(evals: dict):
+def passkey_figure(evals: dict) -> Plot | None:
     """Fig 6: one passkey heat map (depth x length) per method, cells averaged over seeds."""
-    panels = {}
+    panels, scored = {}, {}
     for method, by_seed in evals.items():
         cells: dict = defaultdict(list)
         for r in by_seed.values():
@@ -185,7 +224,36 @@ def passkey_figure(evals: dict):
         if cells:
             mean = {k: float(np.mean(v)) for k, v in cells.items()}
             panels[f"{method} (mean {np.mean(list(mean.values())):.2f})"] = mean
-    return plots.passkey_heatmaps(panels) if panels else None
+            scored[method] = [s for s, r in by_seed.items() if r.passkey]
+    if not panels:
+        return None
+    return Plot(plots.passkey_heatmaps(panels), "Passkey accuracy per (prompt length, key depth) cell of "
+                f"each method (its mean over the cells in the panel's title), {over_seeds(scored)}.")
+
+
+def fig5_plots(headscales: dict[str, dict[int | None, HeadScaleResult]]) -> dict[str, Plot]:
+    """Fig 5 of each HeadScale method: its learned per-head table against the heads' converged entropy, at the
+    first seed read that measured them. The run drew the same figure (its copy has this name) under a title
+    naming neither method nor seed; drawn again here from its results, the two differ in the title only."""
+    out = {}
+    for method, by_seed in headscales.items():
+        measured = [(s, r) for s, r in by_seed.items() if r.converged_entropy is not None]
+        if not measured:
+            continue
+        seed, result = measured[0]
+        param = next((p for p in PARAMETERIZATIONS.values()
+                      if (p.symbol, p.table.units) == (result.symbol, result.units)), None)
+        if param is None:  # a table this code does not know: the run's own figure stays, as it drew it
+            continue
+        what = param.axis.split(" (")[0]
+        figure = plots.learned_vs_entropy(np.asarray(result.converged_entropy.per_head),
+                                          np.asarray(result.table), result.target_len, param.axis,
+                                          param.floors[0], f"{_named(method, seed)}, at {result.target_len}")
+        out[report_sources.run_file_name(method, FIG5)] = Plot(figure, (
+            f"HeadScale `{method}` (Fig 5): each head's learned {what} against its converged attention "
+            f"entropy at {result.target_len} tokens, one colour per layer, {seeds([seed])} (the first seed "
+            "read)."))
+    return out
 
 
 def comparison_metrics(evals: dict) -> dict[str, float]:

@@ -1,0 +1,94 @@
+"""The report's frame around its sections: a title naming the study, every figure with a caption saying what
+it shows and over which seeds, and the provenance (each pipeline run read, with its id, day and source) at the
+end, so that a report opens on what it studies rather than on a line of run ids.
+
+The study's name (``study_name``) is the ``_``-separated words every pipeline's name starts with: a study
+split into files or seed slices names them after itself (``regime_study`` with ``regime_study_s5678``, …;
+``synthetic_copy`` with ``synthetic_scan``, …), which is also its folder ``experiments/<study>``; pipelines
+sharing no first word are named by the first one read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from nope_lightning.analysis.markdown import render
+from nope_lightning.analysis.tables import MISSING
+
+
+class Plot(NamedTuple):
+    """A figure the report draws (``None``: nothing to draw) and the caption printed under it."""
+
+    figure: Any
+    caption: str
+
+
+def study_name(pipelines: Sequence[tuple[str, str]]) -> str:
+    """The study a report's ``(pipeline name, run id)`` pairs belong to (the module's rule)."""
+    names = [name.split("_") for name, _ in pipelines]
+    shared = []
+    for words in zip(*names, strict=False):  # up to the shortest name
+        if len(set(words)) > 1:
+            break
+        shared.append(words[0])
+    return "_".join(shared) or pipelines[0][0]
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' * (count != 1)}"
+
+
+def heading(pipelines: Sequence[tuple[str, str]]) -> str:
+    """The title and one line on what was read; the run ids wait for the provenance section."""
+    files = len(dict.fromkeys(name for name, _ in pipelines))
+    return (f"# Report: {study_name(pipelines)}\n\nRead from {_plural(len(pipelines), 'pipeline run')} "
+            f"of {_plural(files, 'experiment file')}; their names, run ids and sources are under "
+            "*Provenance*, at the end.")
+
+
+def seeds(values: Iterable[int | None]) -> str:
+    """'seed 1234', 'seeds 1234, 2345' (sorted, once each), or what a run without a replicate seed is."""
+    found = sorted({v for v in values if v is not None})
+    if not found:
+        return "one run (no replicate seed)"
+    return f"seed{'s' * (len(found) > 1)} {', '.join(map(str, found))}"
+
+
+def over_seeds(by_name: Mapping[str, Iterable[int | None]]) -> str:
+    """'mean over seeds 1, 2, 3' for curves or cells averaged per name (method, panel) over its seeds, naming
+    the names that hold fewer seeds than the figure as a whole: a band over 2 seeds is not one over 8."""
+    held = {name: frozenset(found) for name, found in by_name.items()}
+    every = frozenset().union(*held.values())
+    text = f"{'mean over ' if len(every - {None}) > 1 else ''}{seeds(every)}"
+    fewer: dict[frozenset, list[str]] = {}
+    for name, found in held.items():
+        if found != every:
+            fewer.setdefault(found, []).append(f"`{name}`")
+    exceptions = "; ".join(f"{_and(names)}: {seeds(found)} only" for found, names in fewer.items())
+    return text + (f" ({exceptions})" if exceptions else "")
+
+
+def _and(names: Sequence[str]) -> str:
+    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+
+
+def plots_section(names: Sequence[str], captions: Mapping[str, str]) -> str:
+    """Each figure's image, then its numbered caption ('' without figures)."""
+    if not names:
+        return ""
+    return "## Plots\n\n" + "\n\n".join(f"![{name}]({name})\n\n*Figure {n}. {captions[name]}*"
+                                        for n, name in enumerate(names, 1))
+
+
+def provenance_section(runs: Sequence[tuple[str, str, str]], dates: Mapping[str, str]) -> str:
+    """Every ``(pipeline name, run id, where it was read from)``, in the order read, with the day it ran: one
+    table per source (a bundle holds many runs)."""
+    by_origin: dict[str, list[list[str]]] = {}
+    for name, run_id, origin in runs:
+        by_origin.setdefault(origin, []).append([f"`{name}`", run_id, dates.get(run_id, MISSING)])
+    return ("## Provenance\n\nThe pipeline runs this report read, in the order read; the title names their "
+            "study by the words all their names start with (by the first one's name when they share "
+            "none).\n\n"
+            + "\n\n".join(f"From the {origin}:\n\n" + render(["pipeline", "run id", "ran (UTC day)"], rows)
+                           for origin, rows in by_origin.items()))
