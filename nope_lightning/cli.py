@@ -12,7 +12,7 @@ infinite (e.g. the R² of a fit through too few points) is written as ``null``. 
 ``$NOPE_LIGHTNING_RESULT`` set (a pipeline running a step as a subprocess) the result goes to that file
 instead, so the pipeline's own stdout stays one JSON. ``harness`` prints lm-eval's results table instead.
 Heavy modules (torch, Lightning, MLflow, lm-eval) are imported only once a stage or the harness runs, so a
-mistyped stage or key fails in well under a second.
+mistyped stage or key, a corrupt YAML file or a missing local ``checkpoint=`` folder fails in under a second.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
+from omegaconf import OmegaConf
 
-from nope_lightning.config.core import to_yaml
+from nope_lightning.config.core import read_yaml, to_yaml
 from nope_lightning.runtime import quiet
 from nope_lightning.stages.registry import STAGES, run_stage, stage_config
 
@@ -75,8 +75,8 @@ def _other_stage(path: str) -> str | None:
     file = Path(path)
     if not file.is_file():
         return None
-    loaded = yaml.safe_load(file.read_text())
-    if not isinstance(loaded, dict) or "steps" in loaded:
+    loaded = read_yaml(file)  # a file that is not valid YAML: one line naming file:line:column
+    if not OmegaConf.is_dict(loaded) or "steps" in loaded:
         return None
     for name in STAGES:
         if name != "pipeline":
@@ -84,6 +84,21 @@ def _other_stage(path: str) -> str | None:
                 stage_config(name, path, [])
                 return name
     return None
+
+
+def check_checkpoint(cfg: Any) -> None:
+    """A ``checkpoint=`` (or a search's ``base.checkpoint=``) naming a local folder, plain or as ``nope:`` or
+    ``rope:<Hugging Face folder>``, must exist: refused here, before torch and Lightning load (~25 s), not
+    once the stage runs. ``runs:/`` and ``mlflow:`` references need the store: the stage resolves them."""
+    for key, holder in (("checkpoint", cfg), ("base.checkpoint", getattr(cfg, "base", None))):
+        ref = getattr(holder, "checkpoint", "")
+        if not isinstance(ref, str) or not ref or ref.startswith(("runs:/", "mlflow:")) or "://" in ref:
+            continue
+        path = ref.split(":", 1)[1] if ref.startswith(("nope:", "rope:")) else ref
+        if not Path(path).exists():
+            raise FileNotFoundError(f"{key}={ref}: {path} does not exist; give an export folder, "
+                                    f"runs:/<run_id>/model, mlflow:<run_id> or a Hugging Face Llama folder "
+                                    f"as nope:<folder> / rope:<folder>")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -147,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         if ns.command == "config":
             print(to_yaml(cfg), end="")
             return 0
+        check_checkpoint(cfg)
         with contextlib.redirect_stdout(sys.stderr):
             result = run_stage(ns.stage, cfg)
     except (ValueError, FileNotFoundError) as err:

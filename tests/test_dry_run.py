@@ -22,12 +22,24 @@ ENVIRONMENT = {"CORPUS": "/data/slimpajama", "PG19": "/data/pg19", "PROOFPILE": 
                "NOPE_CHECKPOINT": "runs:/0123456789abcdef/model", "NOPE_SCALE_SEARCH": "0123456789abcdef"}
 
 
+@pytest.fixture(scope="session")
+def released_standins(tmp_path_factory) -> dict[str, str]:
+    """The released-checkpoint study's model folders: tiny Llama folders built by transformers, trained at L = 2K
+    as the released models are (the dry run reads their config.json only)."""
+    from tests.helpers import tiny_llama_folder
+
+    root = tmp_path_factory.mktemp("released")
+    for key in ("NOPE_1B", "HEADSCALE_8K", "ROPE_1B"):
+        tiny_llama_folder(root / key, max_positions=2048)
+    return {key: str(root / key) for key in ("NOPE_1B", "HEADSCALE_8K", "ROPE_1B")}
+
+
 @pytest.fixture
-def dry_run(tmp_path, tracking_overrides, monkeypatch):
+def dry_run(tmp_path, tracking_overrides, monkeypatch, released_standins):
     """``path -> plan``: the dry run of an experiment file, tracked in a temporary store, with an empty data
     cache and the files' environment variables set."""
     monkeypatch.setenv("NOPE_LIGHTNING_CACHE", str(tmp_path / "cache"))
-    for key, value in ENVIRONMENT.items():
+    for key, value in {**ENVIRONMENT, **released_standins}.items():
         monkeypatch.setenv(key, value)
 
     def run(path: Path) -> dict:
@@ -148,8 +160,8 @@ def test_the_unbroken_copy_plans(dry_run, tmp_path):
     (2, {"overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model",
                        "extension.temperature.uniform=@{search_nope.scale_search/len512/best_lambda}"]},
      "step eval_nope: extension.temperature.uniform=@{search_nope.scale_search/len512/best_lambda}: a searched "
-     "lambda as text is not checked against the evaluated model; write extension.temperature.uniform_search="
-     "@{search_nope.run_id} extension.temperature.uniform_search_len=512"),
+     "lambda as text is not checked against the evaluated model; give the step temperature: {search: "
+     "search_nope, at: 512}"),
     (2, {"overrides": ["checkpoint=runs:/@{pretrain_nope.run_id}/model",
                        "extension.temperature.uniform_search=@{search_nope.run_id}",
                        "extension.temperature.uniform_search_len=512"]},

@@ -161,7 +161,7 @@ def test_a_uniform_temperature_changes_the_numbers(evaluated):
 
 @pytest.mark.parametrize("extra,message", [
     (["eval_lengths=[4096]"], "exceed this model's max_positions"),
-    (["checkpoint=/nonexistent"], "no such export folder"),
+    (["checkpoint=/nonexistent"], "checkpoint=/nonexistent: /nonexistent does not exist"),
     (["split=train"], "split='train' is not a valid choice"),
     (["bootstrap=50"], "bootstrap=50 bootstrap resamples are too few"),
     (["stride=100"], "stride=100 exceeds the shortest eval length 64"),

@@ -183,11 +183,9 @@ def test_unknown_task_or_task_folder_is_one_line_before_compute(lm, tmp_path):
     check_harness_tasks(["nl_tiny_mc", "arc_easy"], str(tmp_path))
 
 
-def test_evaluate_refuses_an_unknown_harness_task_before_building_a_model(tracking_overrides, capsys):
-    """The checkpoint does not exist either, so an error naming the task shows the check came first. ASSUMES
-    ``evaluate.run`` calls ``check_harness_tasks`` first thing (the lead wires it at the merge); until then this
-    test fails."""
-    code = cli.main(["run", "evaluate", "checkpoint=/nonexistent/model", *tracking_overrides,
+def test_evaluate_refuses_an_unknown_harness_task_before_building_a_model(tmp_path, tracking_overrides, capsys):
+    """The checkpoint is an empty folder, no model, so an error naming the task shows the check came first."""
+    code = cli.main(["run", "evaluate", f"checkpoint={tmp_path}", *tracking_overrides,
                      "harness_tasks=[arc_easy,no_such_task]"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err

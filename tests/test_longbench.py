@@ -320,10 +320,9 @@ def test_check_longbench_finds_every_input_problem_before_compute(tmp_path):
 
 
 def test_evaluate_refuses_a_missing_longbench_file_before_building_a_model(tmp_path, tracking_overrides, capsys):
-    """The checkpoint does not exist either: a model built first would fail on it, so an error naming the LongBench
-    file shows that the inputs were checked before any model. ASSUMES ``evaluate.run`` calls ``check_longbench``
-    first thing (the lead wires it at the merge); until then this test fails."""
-    code = cli.main(["run", "evaluate", "checkpoint=/nonexistent/model", *tracking_overrides,
+    """The checkpoint is an empty folder: a model built first would fail on it, so an error naming the LongBench
+    file shows that the inputs were checked before any model."""
+    code = cli.main(["run", "evaluate", f"checkpoint={tmp_path}", *tracking_overrides,
                      f"longbench_files=[{tmp_path}/hotpotqa.jsonl]", f"longbench_config={LONGBENCH_DATA / 'config'}"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err

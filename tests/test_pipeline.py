@@ -347,7 +347,7 @@ def test_fields_added_later_leave_a_store_s_finished_steps_finished(tmp_path):
     for key in ("layer_pattern", "nope_every", "layer_windows", "rope_window"):
         assert f"{key}:" in old_yaml  # the fields exist in today's schema ...
     stripped = "\n".join(line for line in old_yaml.splitlines() if not re.match(
-        r"\s*(irope_beta|irope_floor|layer_pattern|nope_every|layer_windows|rope_window|reset_layers|fused|past_only|uniform_search|uniform_search_len):", line)) + "\n"
+        r"\s*(irope_beta|irope_floor|layer_pattern|nope_every|layer_windows|rope_window|reset_layers|fused|past_only|uniform_search|uniform_search_len|padding_multiple|tokenizer|engine):", line)) + "\n"
     # activation checkpointing was a bool, true by default, before "auto" became its default
     stripped = stripped.replace("activation_checkpointing: auto", "activation_checkpointing: true")
     # ... and the hash a store recorded before them (the yaml without them) is still today's
@@ -386,8 +386,11 @@ def test_a_report_over_pipeline_runs_in_two_stores_pools_their_seeds(two_seeds, 
                                          f"also=[{{run: {second['run_id']}, uri: '{uri}'}}]"])
     assert both.sources[1] == (dataclasses.replace(both.tracking, uri=uri), second["run_id"])
     text = Path(run_stage("report", both)["markdown"]).read_text()
-    assert text.startswith(f"# Report: pipeline `tiny` (run {first['run_id']}), with pipeline `seed7` "
-                           f"(run {second['run_id']})")
+    # 'tiny' and 'seed7' share no first word: the first pipeline names the study; the run ids wait for the end
+    assert text.startswith("# Report: tiny\n\nRead from 2 pipeline runs of 2 experiment files;")
+    body, provenance = text.split("\n## Provenance\n")
+    assert first["run_id"] not in body and second["run_id"] not in body
+    assert f"From the MLflow store {uri}:" in provenance and f"| `seed7` | {second['run_id']} |" in provenance
     assert "3 seeds: mean over seeds" in text  # nope: seeds 5 and 6 here, 7 there
     assert "| nope-tiny[seed=7] | nope |" in text.split("### Pre-training recipe of the models above")[1]
     twice = dataclasses.replace(both, also=[*both.also, *both.also])
@@ -398,15 +401,24 @@ def test_a_report_over_pipeline_runs_in_two_stores_pools_their_seeds(two_seeds, 
     alone = run_stage("report", stage_config("report", None, [f"run={second['run_id']}", f"tracking.uri={uri}",
                                                               f"tracking.artifact_root={other}/artifacts",
                                                               f"out_dir={tmp_path / 'seed7'}"]))
-    committed = dataclasses.replace(both, also=[ReportSource(results=str(Path(alone["markdown"]).parent / "results"))],
+    bundle = Path(alone["markdown"]).parent / "results"
+    committed = dataclasses.replace(both, also=[ReportSource(results=str(bundle))],
                                     out_dir=str(tmp_path / "committed"))
-    assert Path(run_stage("report", committed)["markdown"]).read_text() == text
+    again = Path(run_stage("report", committed)["markdown"]).read_text()
+    assert read_back(again) == read_back(text) and f"From the results bundle {bundle}:" in again
+
+
+def read_back(report: str) -> tuple[str, list[str]]:
+    """A report's text before its provenance, and the provenance's rows (pipeline, run id, day) without the
+    sources they were read from: a report read from a bundle is the one read from the stores, save where."""
+    body, provenance = report.split("\n## Provenance\n")
+    return body, [line for line in provenance.splitlines() if line.startswith("| `")]
 
 
 def test_a_report_made_again_from_its_committed_results_is_the_same_report(full_run, tmp_path):
     """The report writes the results it read (``<out_dir>/results``, a bundle to commit); from that folder alone,
-    with no store, the same report comes back to the byte, and again in place; a bundle beside the store it came
-    from holds the same runs twice: an error naming both."""
+    with no store, the same report comes back to the byte but for the source its provenance names, and again
+    in place; a bundle beside the store it came from holds the same runs twice: an error naming both."""
     root, first = full_run
     track = [f"tracking.uri=sqlite:///{root}/mlflow.db", f"tracking.artifact_root={root}/artifacts"]
     made = run_stage("report", stage_config("report", None, [f"run={first['run_id']}", *track,
@@ -417,7 +429,9 @@ def test_a_report_made_again_from_its_committed_results_is_the_same_report(full_
     for out, bundle in ((tmp_path / "again", folder / "results"), (tmp_path / "again", tmp_path / "again/results")):
         again = run_stage("report", stage_config("report", None, [f"also=[{{results: '{bundle}'}}]",
                                                                   f"out_dir={out}"]))
-        assert again["run_id"] == "" and Path(again["markdown"]).read_text() == Path(made["markdown"]).read_text()
+        text = Path(again["markdown"]).read_text()
+        assert again["run_id"] == "" and read_back(text) == read_back(Path(made["markdown"]).read_text())
+        assert f"From the results bundle {bundle}:" in text
         assert {p.relative_to(out / "results"): p.read_bytes()
                 for p in (out / "results").rglob("*") if p.is_file()} == files
         assert sorted(p.name for p in out.glob("*.png")) == sorted(p.name for p in folder.glob("*.png"))

@@ -128,8 +128,7 @@ def test_an_evaluation_names_the_lambda_its_search_resolved_to(tmp_path):
 def test_the_text_route_is_refused_in_one_line_naming_the_typed_one():
     assert searched_lambda_problem("extension.temperature.uniform=@{search_nope.scale_search/len512/best_lambda}") == [
         "extension.temperature.uniform=@{search_nope.scale_search/len512/best_lambda}: a searched lambda as text is "
-        "not checked against the evaluated model; write extension.temperature.uniform_search=@{search_nope.run_id} "
-        "extension.temperature.uniform_search_len=512"]
+        "not checked against the evaluated model; give the step temperature: {search: search_nope, at: 512}"]
     # A number, another result or another key is no searched lambda.
     assert searched_lambda_problem("extension.temperature.uniform=1.5") == []
     assert searched_lambda_problem("extension.temperature.uniform_search=@{search_nope.run_id}") == []

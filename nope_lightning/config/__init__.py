@@ -31,12 +31,11 @@ from nope_lightning.config.core import (
     to_dict,
     to_yaml,
 )
+from nope_lightning.config.data import DataConfig, RetrievalConfig
 from nope_lightning.config.parts import (
     AttentionTemperature,
-    DataConfig,
     ModelConfig,
     OptimConfig,
-    RetrievalConfig,
     RopeScalingConfig,
     TrackingConfig,
     TrainerConfig,
@@ -54,12 +53,13 @@ from nope_lightning.config.stages import (
     ScaleSearchConfig,
 )
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
+from nope_lightning.config.transfer import ExportConfig, ImportConfig
 
 __all__ = [
     "ACCELERATORS", "ATTENTION_BACKENDS", "DATA_MIXES", "LONGCTX_TASKS", "MIN_RESAMPLES", "PASSKEY_PROMPTS",
     "POS_ENCODINGS", "PRECISIONS", "RETRIEVAL_FILLERS", "RETRIEVAL_LENGTHS", "ROPE_SCALINGS", "SPLITS", "STRATEGIES",
-    "AttentionTemperature", "DataConfig", "EvaluateConfig", "ExtensionConfig", "FinetuneConfig", "HeadScaleConfig",
-    "HeadScaleSearchConfig",
+    "AttentionTemperature", "DataConfig", "EvaluateConfig", "ExportConfig", "ExtensionConfig", "FinetuneConfig",
+    "HeadScaleConfig", "HeadScaleSearchConfig", "ImportConfig",
     "ModelConfig", "OptimConfig", "PipelineConfig", "PipelineStep", "PrepareConfig", "PretrainConfig",
     "ReportConfig", "RetrievalConfig", "RopeScalingConfig", "ScaleSearchConfig", "SyntheticConfig", "SyntheticGridConfig", "TrackingConfig", "TrainerConfig",
     "check_bootstrap", "check_choice", "check_range", "check_target_length", "flatten", "load_config",

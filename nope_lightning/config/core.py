@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
+import sys
+import typing
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +38,9 @@ CHECKPOINTING = ("auto", "true", "false")
 MIN_RESAMPLES = 100
 
 T = TypeVar("T")
+_ABSENT = object()
+#: Lines ``load_config`` already printed: a pipeline loads each step's config more than once.
+_SAID: set[str] = set()
 #: A config layer above the YAML file: ``key=value`` overrides, or a nested dict of typed values.
 Layer = list[str] | tuple[str, ...] | Mapping[str, Any]
 
@@ -68,6 +74,7 @@ RETRIEVAL_FILLERS = ("corpus", "reference", "mixed")
 RETRIEVAL_LENGTHS = ("uniform", "full")
 SPLITS = ("val", "test")
 DATA_MIXES = ("recipe", "text")
+DATA_ENGINES = ("memory", "litdata")
 LONGCTX_TASKS = ("multikey_retrieval", "passage_retrieval", "passage_count", "variable_tracking")
 
 
@@ -85,22 +92,78 @@ def load_config(cls: type[T] | T, yaml_path: str | os.PathLike | None = None,
     overrides or a nested dict of typed values, which reach the config without passing through text (a
     pipeline's replicate seed, ``pipeline/steps.py``).
 
+    Two keys that set one training budget (a config class's ``budget_keys``: ``PretrainConfig``'s
+    ``tokens_per_parameter`` and ``trainer.max_steps``) resolve to one by ``settle_budget``.
+
     Raises ``ValueError`` (naming the key) for unknown keys, wrong types, bad choices, out-of-range
-    values and malformed overrides; ``FileNotFoundError`` for a missing YAML file.
+    values and malformed overrides, and (``file:line:column``) for a file that is not valid YAML;
+    ``FileNotFoundError`` for a missing YAML file.
     """
     stack: list[Any] = [OmegaConf.structured(cls)]
     if yaml_path is not None:
         stack.extend(file_layers(Path(yaml_path)))
+    files = len(stack) - 1
     given = [*layers, overrides]
     _check_form([o for layer in given if not isinstance(layer, Mapping) for o in layer])
     with _worded_errors():
         stack += [OmegaConf.create(dict(layer)) if isinstance(layer, Mapping) else OmegaConf.from_dotlist(list(layer))
                   for layer in given]
         merged = OmegaConf.merge(*stack)
+        for prefix, (budget, other), optional in _budget_keys(cls if isinstance(cls, type) else type(cls)):
+            settle_budget(merged, stack, files, prefix + budget, prefix + other, optional)
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
             raise ValueError(f"missing required config values: {', '.join(missing)}")
         return OmegaConf.to_object(merged)  # runs every __post_init__ check
+
+
+def settle_budget(merged: Any, stack: Sequence[Any], files: int, budget: str, other: str,
+                  optional: bool) -> None:
+    """One training budget in ``merged`` when two keys set it: ``budget`` (e.g. ``tokens_per_parameter``;
+    None: unset) and ``other``, the key the stage reads without it (``trainer.max_steps``). The later layer of
+    ``stack`` (defaults, ``files`` file layers, then the layers given in code or on the command line) wins,
+    with one line on stderr; an ``other`` that wins unsets an ``optional`` ``budget``, or else gives it its
+    value. Both in one file: ``budget`` wins silently (a resolved config, which a run logs and a pipeline's
+    subprocess reads, holds both); both in one given layer (one command line) is refused."""
+    value, steps = OmegaConf.select(merged, budget), OmegaConf.select(merged, other)
+    at_budget, at_other = _last_layer(stack, budget), _last_layer(stack, other)
+    if value is None or not at_other or (at_budget == at_other and at_budget <= files):
+        return
+    shown = {budget: f"{budget}={_shown(value)}", other: f"{other}={_shown(steps)}"}
+    if at_budget == at_other:
+        raise ValueError(f"{shown[budget]} and {shown[other]} both set the training budget: give one of them")
+    winner, loser = (budget, other) if at_budget > at_other else (other, budget)
+    _say(f"config: {shown[winner]} given: it replaces {shown[loser]}'s budget")
+    if winner == other:
+        OmegaConf.update(merged, budget, None if optional else steps)
+
+
+def _last_layer(stack: Sequence[Any], key: str) -> int:
+    """The index of the last layer of ``stack`` setting ``key``; 0 (the defaults) when no layer above does."""
+    return max((i for i, layer in enumerate(stack) if i and OmegaConf.select(
+        layer, key, default=_ABSENT, throw_on_resolution_failure=False) is not _ABSENT), default=0)
+
+
+@functools.cache
+def _budget_keys(kind: type, prefix: str = "") -> tuple[tuple[str, tuple[str, str], bool], ...]:
+    """``(prefix, budget_keys, whether the budget may be None)`` of config class ``kind`` and of its sections,
+    nested ones (a search's ``base``) included."""
+    hints = typing.get_type_hints(kind)
+    found = () if not hasattr(kind, "budget_keys") else (
+        (prefix, kind.budget_keys, type(None) in typing.get_args(hints[kind.budget_keys[0]])),)
+    return found + tuple(entry for name, hint in hints.items() if dataclasses.is_dataclass(hint)
+                         for entry in _budget_keys(hint, f"{prefix}{name}."))
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr, once per process."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line, file=sys.stderr, flush=True)
 
 
 def check_keys(cfg: type[T] | T, overrides: Sequence[str]) -> None:
@@ -134,9 +197,10 @@ def file_layers(path: Path, inside: tuple[Path, ...] = ()) -> list[Any]:
     to ``path``; itself possibly extending another), then ``path`` without that key, whose values win (a list,
     e.g. ``seeds`` or ``steps``, replaces the base's). So a study's second file can run the first's steps with other
     seeds without a copy of them. A missing file, a non-mapping or a cycle of files is one line."""
+    extended = f" (extended by {inside[-1]})" if inside else ""
     if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}" + (f" (extended by {inside[-1]})" if inside else ""))
-    loaded = OmegaConf.load(path)
+        raise FileNotFoundError(f"config file not found: {path}{extended}")
+    loaded = read_yaml(path, extended)
     if not OmegaConf.is_dict(loaded):
         raise ValueError(f"{path}: a config file must hold a mapping of keys, got {type(loaded).__name__}")
     base = loaded.pop("extends", None)
@@ -146,6 +210,18 @@ def file_layers(path: Path, inside: tuple[Path, ...] = ()) -> list[Any]:
     if parent in inside or parent == path.resolve():
         raise ValueError(f"{path}: extends {base}, which leads back to {path.name} (a cycle of files)")
     return [*file_layers(parent, (*inside, path.resolve())), loaded]
+
+
+def read_yaml(path: Path, where: str = "") -> Any:
+    """The YAML file ``path`` as OmegaConf reads it (a duplicate key is an error); a file that is not valid
+    YAML is one line ``path:line:column: ...`` (1-based, ``where`` appended), not PyYAML's many lines."""
+    try:
+        return OmegaConf.load(path)
+    except yaml.MarkedYAMLError as err:
+        mark, began = err.problem_mark, err.context_mark
+        at = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        why = f" ({err.context} at {began.line + 1}:{began.column + 1})" if began and err.context else ""
+        raise ValueError(f"{path}{at}: not valid YAML: {err.problem or err.context}{why}{where}") from None
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -1,21 +1,16 @@
-"""The pieces every stage config is built from: the model, data, optimizer, trainer, tracking and retrieval-mix
-sections (checked as ``config/core.py`` checks)."""
+"""The pieces every stage config is built from: the model, optimizer, trainer and tracking sections (checked as
+``config/core.py`` checks); the data and retrieval-mix sections are ``config/data.py``'s."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from nope_lightning.config.core import (
     ACCELERATORS,
     ATTENTION_BACKENDS,
     CHECKPOINTING,
-    PASSKEY_PROMPTS,
     POS_ENCODINGS,
     PRECISIONS,
-    RETRIEVAL_FILLERS,
-    RETRIEVAL_LENGTHS,
     ROPE_SCALINGS,
     STRATEGIES,
     check_choice,
@@ -142,6 +137,8 @@ class ModelConfig:
     ``rope_window``, W on every RoPE layer (Cohere's RNoPE-SWA: windowed RoPE, global NoPE); null/empty: global
     everywhere. The query at position i of a windowed layer attends to the keys i - W < j <= i (W keys, itself
     included: litgpt's ``sliding_window_size`` convention), 1 <= W <= ``max_positions``.
+    ``padding_multiple``: the vocabulary tables' rows round up to a multiple of it (litgpt's); an imported Hugging
+    Face model's is 1, so no untrained padding row takes softmax mass.
     """
 
     n_layer: int = 4
@@ -164,11 +161,12 @@ class ModelConfig:
     nope_every: int = 0
     layer_windows: list[int | None] = field(default_factory=list)
     rope_window: int | None = None
+    padding_multiple: int = 64
 
     def __post_init__(self) -> None:
         check_choice("model.pos_encoding", self.pos_encoding, POS_ENCODINGS)
         check_choice("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        for key in ("n_layer", "n_head", "n_embd", "intermediate_size", "max_positions"):
+        for key in ("n_layer", "n_head", "n_embd", "intermediate_size", "max_positions", "padding_multiple"):
             check_range(f"model.{key}", getattr(self, key), 1)
         check_range("model.n_query_groups", self.n_query_groups, 0)
         if self.n_embd % self.n_head:
@@ -240,39 +238,6 @@ class ModelConfig:
         if self.layer_windows:
             return tuple(self.layer_windows)
         return tuple(self.rope_window if encoding == "rope" else None for encoding in self.layer_encodings)
-
-
-@dataclass
-class DataConfig:
-    """Corpus, tokenizer and split settings.
-
-    ``corpus``: ``kjv`` (the 66 books of the King James Bible; no fetch: the ``small`` recipe's corpus),
-    ``books`` (KJV Bible + Shakespeare/Milton + Austen), ``code`` (CPython stdlib), ``math`` (HOL Light,
-    Metamath, Coq), ``tiny`` (a few KJV books; no fetch, for tests) or a path to a folder of
-    ``.txt``/``.jsonl`` files. Splits are by whole document with ``split_seed``.
-    ``cache_dir`` empty means ``$NOPE_LIGHTNING_CACHE`` or ``~/.cache/nope_lightning``.
-    """
-
-    corpus: str = "kjv"
-    vocab_size: int = 2048
-    split_seed: int = 1234
-    val_fraction: float = 0.1
-    test_fraction: float = 0.1
-    cache_dir: str = ""
-    num_workers: int = 0
-
-    def __post_init__(self) -> None:
-        check_range("data.vocab_size", self.vocab_size, 260)
-        check_range("data.val_fraction", self.val_fraction, 0.0, 0.5, low_open=True)
-        check_range("data.test_fraction", self.test_fraction, 0.0, 0.5, low_open=True)
-        check_range("data.num_workers", self.num_workers, 0)
-        if not self.corpus:
-            raise ValueError("data.corpus is empty: name a corpus (kjv, books, code, math, tiny) or a folder")
-
-    @property
-    def cache_path(self) -> Path:
-        root = self.cache_dir or os.environ.get("NOPE_LIGHTNING_CACHE") or "~/.cache/nope_lightning"
-        return Path(root).expanduser()
 
 
 @dataclass
@@ -364,31 +329,6 @@ class TrackingConfig:
             raise ValueError("tracking.uri: MLflow 3 refuses folder stores; use sqlite:///path/mlflow.db")
         if "://" not in self.uri and not self.uri.startswith("databricks"):
             raise ValueError(f"tracking.uri={self.uri!r} is not a URI; use e.g. sqlite:///mlruns/mlflow.db")
-
-
-@dataclass
-class RetrievalConfig:
-    """Passkey sequences mixed into pre-training (``data/retrieval.py``); off (``fraction=0``) by default.
-
-    ``fraction`` of the training windows (expected share, in [0, 1)) become a passkey prompt whose haystack
-    is corpus text (``filler=corpus``), the reference passkey filler (``reference``) or either (``mixed``),
-    followed by the key; ``prompt`` is the passkey prompt form (``compact`` drops the task line so the prompt
-    fits short windows) and should match evaluate's ``passkey_prompt``. ``length``: ``uniform`` draws the
-    prompt's length uniformly up to the window (the rest is corpus text), ``full`` makes every prompt fill the
-    window, so the key-to-question distance is uniform over the whole of ``train_len``.
-    """
-
-    fraction: float = 0.0
-    prompt: str = "compact"
-    filler: str = "mixed"
-    length: str = "uniform"
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.fraction < 1.0:
-            raise ValueError(f"retrieval.fraction={self.fraction} is out of range: it must be in [0, 1)")
-        check_choice("retrieval.prompt", self.prompt, PASSKEY_PROMPTS)
-        check_choice("retrieval.filler", self.filler, RETRIEVAL_FILLERS)
-        check_choice("retrieval.length", self.length, RETRIEVAL_LENGTHS)
 
 
 def small_recipe_trainer() -> TrainerConfig:

@@ -20,16 +20,36 @@ SWEEP_ROLES = ("nope", "rope", "search", "repaired")
 
 
 @dataclass
+class TemperatureInput:
+    """Where a step's attention temperatures come from, by step id (``PipelineStep.temperature``): ``search``, a
+    scale-search step whose best uniform lambda at ``at`` tokens (one of its ``target_lengths``) an evaluation or
+    export applies (``extension.temperature.uniform_search`` + ``_len``), and a HeadScale step starts from (its
+    ``scale_search``, read at its own ``target_len``: no ``at``); ``fit``, a scale-search step whose fit a of
+    lambda = 1 + a ln s gives the log slopes (``extension.temperature.log_slope_fit``); ``headscale``, a HeadScale
+    step whose learned table is applied: lambda, lambda past L or log slopes, by that step's ``parameterization``
+    (``extension.temperature.table`` or ``log_slope_table``, ``runs:/<its run>/<its table file>``)."""
+
+    search: str = ""
+    at: int = 0
+    fit: str = ""
+    headscale: str = ""
+
+
+@dataclass
 class PipelineStep:
-    """One stage of a pipeline. ``overrides`` may reference earlier steps' results as ``@{step_id.key}``
-    (e.g. ``checkpoint=runs:/@{pretrain_nope.run_id}/model``), the replicate's seed as ``@{seed}`` and the
-    matrix point's values as ``@{matrix.<key>}``; ``label`` names the method in the report. ``only`` limits the
-    step to the matrix points whose values it lists (``{tokens_per_parameter: [4, 40]}``; empty: every point).
-    ``subprocess`` runs the step as its own ``nope-lightning run`` process (needed for multi-process
-    strategies: Lightning's DDP/FSDP launcher re-executes the command line in every extra rank). ``paper``: the
-    row of paper 001's tables the method is printed beside, per table (``{table2: nope lambda=1.5, table4:
-    headscale}``; ``paper.ROWS``), matched exactly; none: no paper column. ``family``: the method's family in
-    the report's figures (``FAMILIES``; empty: a baseline)."""
+    """One stage of a pipeline. Its inputs name earlier steps by id: ``model``, the step whose model it reads (a
+    pretrain or finetune step's logged export, ``runs:/<run id>/model``, or an import step's export folder: the
+    stage's ``checkpoint``), and ``temperature`` (``TemperatureInput``: ``{search: search_nope, at: 512}``,
+    ``{headscale: headscale_4x}``, ``{fit: search_nope}``), each that step's result at the same seed and matrix
+    point, handed to the stage as typed config values (``pipeline/steps.py``). ``overrides`` may also reference
+    earlier steps' results as text, ``@{step_id.key}`` (e.g. ``checkpoint=runs:/@{pretrain_nope.run_id}/model``),
+    the replicate's seed as ``@{seed}`` and the matrix point's values as ``@{matrix.<key>}``; ``label`` names the
+    method in the report. ``only`` limits the step to the matrix points whose values it lists
+    (``{tokens_per_parameter: [4, 40]}``; empty: every point). ``subprocess`` runs the step as its own
+    ``nope-lightning run`` process (needed for multi-process strategies: Lightning's DDP/FSDP launcher re-executes
+    the command line in every extra rank). ``paper``: the row of paper 001's tables the method is printed beside,
+    per table (``{table2: nope lambda=1.5, table4: headscale}``; ``paper.ROWS``), matched exactly; none: no paper
+    column. ``family``: the method's family in the report's figures (``FAMILIES``; empty: a baseline)."""
 
     id: str = ""
     stage: str = ""
@@ -40,6 +60,8 @@ class PipelineStep:
     only: dict[str, list[str]] = field(default_factory=dict)
     paper: dict[str, str] = field(default_factory=dict)
     family: str = ""
+    model: str = ""
+    temperature: TemperatureInput = field(default_factory=TemperatureInput)
 
 
 @dataclass

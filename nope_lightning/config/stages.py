@@ -15,12 +15,11 @@ from nope_lightning.config.core import (
     check_range,
     check_target_length,
 )
+from nope_lightning.config.data import DataConfig, RetrievalConfig
 from nope_lightning.config.parts import (
     AttentionTemperature,
-    DataConfig,
     ModelConfig,
     OptimConfig,
-    RetrievalConfig,
     RopeScalingConfig,
     TrackingConfig,
     TrainerConfig,
@@ -39,7 +38,8 @@ class PretrainConfig:
     accuracy exists inside L.
     ``batch_size`` is per process. ``tokens_per_parameter`` (unset: ``trainer.max_steps`` steps) sets the
     training budget instead: that many training tokens per non-embedding parameter (Kaplan et al. 2020's count:
-    token, output and absolute-position embeddings excluded), rounded to whole optimizer steps.
+    token, output and absolute-position embeddings excluded), rounded to whole optimizer steps. Both given:
+    the later layer wins, with one line (in one file: ``tokens_per_parameter``; on one command line: refused).
     ``out_dir`` empty means ``mlruns/checkpoints/pretrain/<run name>``; with ``resume=true`` a run restarted
     with the same ``out_dir`` continues from its last checkpoint.
     """
@@ -57,6 +57,7 @@ class PretrainConfig:
     name: str = ""
     out_dir: str = ""
     resume: bool = True
+    budget_keys = ("tokens_per_parameter", "trainer.max_steps")  # two keys, one budget: core.settle_budget
 
     def __post_init__(self) -> None:
         check_range("train_len", self.train_len, 1)
@@ -328,6 +329,7 @@ class HeadScaleConfig:
     entropy_windows: int = 2
     name: str = ""
     out_dir: str = ""
+    budget_keys = ("steps", "trainer.max_steps")  # trainer.max_steps sets steps: PretrainConfig's rule
 
     def __post_init__(self) -> None:
         if not self.checkpoint:
@@ -361,7 +363,7 @@ class FinetuneConfig:
     ``budget``: ``fair`` trains on HeadScale's token budget (``steps`` x ``batch_size`` x ``target_len``),
     ``raw`` on ``raw_multiplier`` times that. ``rope_scaling.factor=1`` (the default) means
     target_len / train_len. ``data_mix``: as HeadScale's (``recipe``: the model's pre-training mix, retrieval
-    sequences included; ``text``: corpus text only).
+    sequences included; ``text``: corpus text only). ``trainer.max_steps``: as HeadScale's.
     """
 
     checkpoint: str = ""
@@ -380,6 +382,7 @@ class FinetuneConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     name: str = ""
     out_dir: str = ""
+    budget_keys = ("steps", "trainer.max_steps")  # trainer.max_steps sets steps: PretrainConfig's rule
 
     def __post_init__(self) -> None:
         if not self.checkpoint:

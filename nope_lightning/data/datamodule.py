@@ -13,20 +13,34 @@ Validation uses the first ``val_batches * batch_size`` contiguous, non-overlappi
 split, in order. Under DDP they are **sharded by rank without overlap**: rank r of W takes windows
 r, r + W, ... (the last ``< W`` windows are dropped so every rank runs the same number of batches), so
 the module should log validation metrics with ``sync_dist=True`` to average them over ranks.
+
+Data prepared with ``data.engine=litdata`` keeps its train split as litdata token chunks, read through
+litdata's ``StreamingDataset`` with a ``TokensLoader`` of ``seq_len + 1`` tokens (``StreamedBlocks``): each
+chunk is cut into non-overlapping windows (its last ``< seq_len + 1`` tokens are never read, and no window
+spans two chunks), and batch ``k`` draws its windows' indices from the same generator, uniform over all
+windows, so batches stay a pure function of ``(seed, k, rank)`` and resumption is exact. The val split is a
+packed file either way, read as above. Retrieval mixing needs the memory engine (its corpus filler draws
+spans from the whole train stream).
 """
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
+from litdata import StreamingDataset, TokensLoader
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
-from nope_lightning.config.parts import DataConfig
+from nope_lightning.config.data import DataConfig
 from nope_lightning.data.prepare import PreparedData, prepare
 from nope_lightning.data.retrieval import RetrievalMix
+
+STREAMED_MIX = ("retrieval mixing draws corpus filler from the whole train stream: prepare with "
+                "data.engine=memory, or set retrieval.fraction=0")
 
 
 def sample_batch(tokens: np.ndarray, step: int, seq_len: int, batch_size: int, seed: int,
@@ -64,6 +78,46 @@ class TokenFile:
     def __len__(self) -> int:
         return os.path.getsize(self.path) // self.dtype.itemsize
 
+    def batch(self, step: int, seq_len: int, batch_size: int, seed: int, rank: int,
+              mix: RetrievalMix | None) -> torch.Tensor:
+        """``sample_batch`` over the file's tokens."""
+        return sample_batch(self.tokens, step, seq_len, batch_size, seed, rank, mix)
+
+
+class StreamedBlocks:
+    """A litdata train split (``folder``: ``index.json`` + token chunks) as windows of ``width`` tokens, read
+    through ``StreamingDataset`` + ``TokensLoader`` (see the module docstring). The dataset is opened on first
+    use; the object pickles as its folder, so DataLoader workers each open their own."""
+
+    def __init__(self, folder: str | os.PathLike, width: int):
+        self.folder, self.width = str(folder), width
+        chunks = json.loads((Path(folder) / "index.json").read_text())["chunks"]
+        # counted here, not by len(dataset): that is the share of one rank under DDP
+        self.count = sum(chunk["dim"] // width for chunk in chunks)
+        self._dataset: StreamingDataset | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_dataset": None}
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        """Window ``i``, shape ``(width,)``, the chunks' dtype."""
+        if self._dataset is None:
+            self._dataset = StreamingDataset(self.folder, item_loader=TokensLoader(block_size=self.width))
+        return self._dataset[i]
+
+    def batch(self, step: int, seq_len: int, batch_size: int, seed: int, rank: int,
+              mix: RetrievalMix | None) -> torch.Tensor:
+        """Training batch number ``step`` for ``rank``: int64 ``(batch_size, seq_len + 1)``, windows drawn
+        from ``numpy.random.default_rng([seed, step, rank])`` uniformly over all windows (``seq_len + 1`` is
+        ``width``)."""
+        if mix is not None:
+            raise ValueError(STREAMED_MIX)
+        rows = np.random.default_rng([seed, step, rank]).integers(0, self.count, size=batch_size)
+        return torch.from_numpy(np.stack([self[int(i)] for i in rows]).astype(np.int64))
+
 
 class RandomWindowBatches(IterableDataset):
     """Infinite stream of whole training batches ``start_step, start_step + 1, ...`` (see ``sample_batch``).
@@ -72,8 +126,8 @@ class RandomWindowBatches(IterableDataset):
     the DataLoader reads workers round-robin, so the batches still arrive in order.
     """
 
-    def __init__(self, file: TokenFile, seq_len: int, batch_size: int, seed: int, rank: int, start_step: int,
-                 mix: RetrievalMix | None = None):
+    def __init__(self, file: TokenFile | StreamedBlocks, seq_len: int, batch_size: int, seed: int, rank: int,
+                 start_step: int, mix: RetrievalMix | None = None):
         super().__init__()
         self.file, self.seq_len, self.batch_size = file, seq_len, batch_size
         self.seed, self.rank, self.start_step, self.mix = seed, rank, start_step, mix
@@ -83,8 +137,7 @@ class RandomWindowBatches(IterableDataset):
         step, stride = (self.start_step, 1) if worker is None else (self.start_step + worker.id,
                                                                      worker.num_workers)
         while True:
-            yield sample_batch(self.file.tokens, step, self.seq_len, self.batch_size, self.seed, self.rank,
-                               self.mix)
+            yield self.file.batch(step, self.seq_len, self.batch_size, self.seed, self.rank, self.mix)
             step += stride
 
 
@@ -121,6 +174,11 @@ class PackedDataModule(LightningDataModule):
             if prepared.num_tokens(split) < seq_len + 1:
                 raise ValueError(f"the {split} split has {prepared.num_tokens(split)} tokens, fewer than "
                                  f"seq_len + 1 = {seq_len + 1}; use a shorter seq_len or a bigger corpus")
+        if prepared.streamed("train") and mix is not None:
+            raise ValueError(STREAMED_MIX)
+        if prepared.streamed("train") and not len(StreamedBlocks(prepared.root / "train", seq_len + 1)):
+            raise ValueError(f"no litdata chunk of the train split holds seq_len + 1 = {seq_len + 1} tokens; "
+                             f"use a shorter seq_len or a bigger corpus")
         self.prepared = prepared
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.val_batches, self.num_workers, self.mix = val_batches, num_workers, mix
@@ -148,8 +206,10 @@ class PackedDataModule(LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         rank, _ = self._rank_and_world()
-        stream = RandomWindowBatches(self._file("train"), self.seq_len, self.batch_size, self.seed, rank,
-                                     self.start_step(), self.mix)
+        train = StreamedBlocks(self.prepared.root / "train", self.seq_len + 1) \
+            if self.prepared.streamed("train") else self._file("train")
+        stream = RandomWindowBatches(train, self.seq_len, self.batch_size, self.seed, rank, self.start_step(),
+                                     self.mix)
         return DataLoader(stream, batch_size=None, num_workers=self.num_workers,
                           pin_memory=torch.cuda.is_available())
 

@@ -17,16 +17,22 @@ info line, question, newlines). The prefix is a whole number of filler sentences
 boundary nearest to ``depth * N`` tokens that leaves the prefix <= N; the suffix is the filler's first
 ``N - len(prefix)`` tokens, so only its last sentence may be cut mid-way, right before the question. Depth
 is therefore measured in haystack tokens, off by at most half a filler sentence (a whole one when
-``depth * N`` falls inside the haystack's last, cut sentence). For tokenizers that split words at spaces and
-newlines (byte-level BPE, whitespace) segment-wise encoding equals encoding the whole text, except inside
-the cut last sentence.
+``depth * N`` falls inside the haystack's last, cut sentence).
+
+Segment-wise encoding equals encoding the whole text, except inside the cut last sentence: every segment
+that follows other text is encoded as it reads there (``TextTokenizer.encode_continuation``), only the one
+that opens the prompt (the task line; in ``compact`` prompts the haystack's first sentence, or the info line's
+newline when the haystack before it is empty) with ``encode``. Both are the same for tokenizers that split
+words at spaces and newlines (byte-level BPE, whitespace); a SentencePiece tokenizer (Llama 1/2) marks only
+the start of a text with ``▁``, so a compact prompt's opening segment there may take a token more, which the
+haystack gives up.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import cycle
 
@@ -45,11 +51,17 @@ FILLER_SENTENCES = tuple(re.findall(r" [^.]+\.", FILLER))
 assert "".join(FILLER_SENTENCES) == FILLER
 
 
+def continuation_encoder(tokenizer) -> Callable[[str], list[int]]:
+    """``tokenizer.encode_continuation`` (ids of a piece as it reads after other text), or ``encode`` for a
+    tokenizer with only encode/decode: such a one (whitespace, byte-level BPE) marks no start of text."""
+    return getattr(tokenizer, "encode_continuation", tokenizer.encode)
+
+
 @dataclass(frozen=True)
 class PasskeySample:
-    """One passkey prompt: ``input_ids`` has exactly ``length`` tokens; the key's tokens (which decode to
-    ``" " + key``) start at ``input_ids[key_token_start]``; ``depth`` is the requested fraction of the
-    haystack before the info line."""
+    """One passkey prompt: ``input_ids`` has exactly ``length`` tokens; the key's tokens (``" " + key`` as it
+    follows "is") start at ``input_ids[key_token_start]``; ``depth`` is the requested fraction of the haystack
+    before the info line."""
 
     input_ids: list[int]
     key: str
@@ -70,22 +82,31 @@ class PasskeyPromptBuilder:
         if prompt not in PASSKEY_PROMPTS:
             raise ValueError(f"passkey prompt={prompt!r}: pick one of {', '.join(PASSKEY_PROMPTS)}")
         self.tokenizer = tokenizer
-        newline = tokenizer.encode("\n")
+        self.continuation = continuation_encoder(tokenizer)
+        newline = self.continuation("\n")
         task = [*tokenizer.encode(TASK_LINE), *newline] if prompt == "reference" else []
         self.head = [*prefix_ids, *task]
         self.newline = newline
-        self.tail = [*newline, *tokenizer.encode(QUESTION)]
+        self.tail = [*newline, *self.continuation(QUESTION)]
         info_before, info_after = INFO_LINE.split(" {key}", 1)
-        self.info_before = [*newline, *tokenizer.encode(info_before)]
+        self.info_before = [*newline, *self.continuation(info_before)]
         self.info_after_template = info_after
         # The filler as the reference writes it: the first sentence has no leading space.
         first, *rest = FILLER_SENTENCES
-        self.first_sentence = tokenizer.encode(first.lstrip())
-        self.sentences = [tokenizer.encode(s) for s in (*rest, first)]
+        self.first_sentence = self.continuation(first.lstrip())
+        self.sentences = [self.continuation(s) for s in (*rest, first)]
+        # What opens a compact prompt (module doc): its first sentence, or the info line when no haystack
+        # precedes it; a reference prompt opens with the task line, so these are the running-text forms.
+        compact = prompt == "compact"
+        self.opening_sentence = tokenizer.encode(first.lstrip()) if compact else self.first_sentence
+        self.opening_info_before = ([*tokenizer.encode("\n"), *self.continuation(info_before)] if compact
+                                    else self.info_before)
+        self.opening_extra = len(self.opening_info_before) - len(self.info_before)
 
-    def filler(self) -> Iterator[list[int]]:
-        """Token ids of the filler sentences in reading order, endlessly."""
-        yield self.first_sentence
+    def filler(self, opening: bool = False) -> Iterator[list[int]]:
+        """Token ids of the filler sentences in reading order, endlessly; ``opening``: as the haystack before
+        the info line begins (the prompt's opening text in a compact prompt)."""
+        yield self.opening_sentence if opening else self.first_sentence
         yield from cycle(self.sentences)
 
     def build(self, key: str, depth: float, length: int) -> PasskeySample:
@@ -94,39 +115,53 @@ class PasskeyPromptBuilder:
             raise ValueError(f"depth={depth} must be in [0, 1]")
         budget = self.haystack_budget(key, length)
         prefix = self._prefix(round(depth * budget), budget)
-        return self.assemble(key, depth, prefix, self._take(budget - len(prefix)))
+        if prefix:
+            return self.assemble(key, depth, prefix, self._take(budget - len(prefix)))
+        suffix = self._take(budget - self.opening_extra)
+        return self._assemble(key, depth, prefix, suffix, self.opening_info_before)
 
     def min_length(self, key: str = "12345") -> int:
         """Tokens the prompt needs without any filler (the shortest length ``build`` accepts)."""
-        return len(self.head) + len(self.info_before) + len(self.key_ids(key)) + len(self._info_after(key)) + len(
-            self.tail)
+        return self._fixed(key) + max(self.opening_extra, 0)
 
     def haystack_budget(self, key: str, length: int) -> int:
-        """Filler tokens a prompt of ``length`` tokens holds; ``ValueError`` when the fixed parts do not fit."""
-        fixed = self.min_length(key)
-        if length < fixed:
+        """Filler tokens (prefix + suffix of ``assemble``) a prompt of ``length`` tokens holds; ``build``
+        gives ``opening_extra`` of them to the info line when it opens a compact prompt. ``ValueError`` when
+        the fixed parts do not fit."""
+        shortest = self.min_length(key)
+        if length < shortest:
             raise ValueError(f"length={length} is too short for a passkey prompt: this tokenizer needs at least "
-                             f"{fixed} tokens without any filler")
-        return length - fixed
+                             f"{shortest} tokens without any filler")
+        return length - self._fixed(key)
 
     def key_ids(self, key: str) -> list[int]:
         """The key's tokens as they follow "is" (a leading space, then the digits)."""
-        return self.tokenizer.encode(f" {key}")
+        return self.continuation(f" {key}")
 
     def assemble(self, key: str, depth: float, prefix: Sequence[int], suffix: Sequence[int]) -> PasskeySample:
-        """The prompt with haystack ``prefix`` before the info line and ``suffix`` after it (any filler)."""
-        info_after = self._info_after(key)
-        key_token_start = len(self.head) + len(prefix) + len(self.info_before)
-        input_ids = [*self.head, *prefix, *self.info_before, *self.key_ids(key), *info_after, *suffix, *self.tail]
+        """The prompt with haystack ``prefix`` before the info line and ``suffix`` after it (any filler ids,
+        taken as running text: the info line is in its running-text form even after an empty ``prefix``)."""
+        return self._assemble(key, depth, prefix, suffix, self.info_before)
+
+    def _assemble(self, key: str, depth: float, prefix: Sequence[int], suffix: Sequence[int],
+                  info_before: Sequence[int]) -> PasskeySample:
+        key_token_start = len(self.head) + len(prefix) + len(info_before)
+        input_ids = [*self.head, *prefix, *info_before, *self.key_ids(key), *self._info_after(key), *suffix,
+                     *self.tail]
         return PasskeySample(input_ids, key, depth, len(input_ids), key_token_start)
 
+    def _fixed(self, key: str) -> int:
+        """Tokens of the prompt's fixed parts in their running-text forms (``assemble``'s, without filler)."""
+        return (len(self.head) + len(self.info_before) + len(self.key_ids(key)) + len(self._info_after(key))
+                + len(self.tail))
+
     def _info_after(self, key: str) -> list[int]:
-        return [*self.tokenizer.encode(self.info_after_template.format(key=key)), *self.newline]
+        return [*self.continuation(self.info_after_template.format(key=key)), *self.newline]
 
     def _prefix(self, target: int, budget: int) -> list[int]:
         """Whole filler sentences whose token count is the sentence boundary nearest ``target`` (<= budget)."""
         prefix: list[int] = []
-        for sentence in self.filler():
+        for sentence in self.filler(opening=True):
             longer = len(prefix) + len(sentence)
             if longer > budget or abs(longer - target) >= abs(len(prefix) - target):
                 return prefix

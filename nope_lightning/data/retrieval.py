@@ -35,8 +35,8 @@ from __future__ import annotations
 import numpy as np
 
 from nope_lightning.config.core import RETRIEVAL_FILLERS, RETRIEVAL_LENGTHS
-from nope_lightning.config.parts import RetrievalConfig
-from nope_lightning.data.passkey import PasskeyPromptBuilder
+from nope_lightning.config.data import RetrievalConfig
+from nope_lightning.data.passkey import PasskeyPromptBuilder, continuation_encoder
 
 #: Fewest haystack tokens a retrieval sequence holds (else the "retrieval" is a copy from a few tokens back).
 MIN_HAYSTACK = 16
@@ -63,7 +63,7 @@ class RetrievalMix:
         self.fraction, self.width, self.filler, self.length = fraction, seq_len + 1, filler, length
         self.builder = PasskeyPromptBuilder(tokenizer, [tokenizer.bos_id], prompt)
         self.eos = tokenizer.eos_id
-        self.stop = tokenizer.encode(".")
+        self.stop = continuation_encoder(tokenizer)(".")  # the answer's full stop, as running text reads it
         self.shortest = self.builder.min_length() + MIN_HAYSTACK
         key_len = len(self.builder.key_ids(str(KEY_RANGE[0]))) + len(self.stop)
         if self.shortest + key_len > self.width:

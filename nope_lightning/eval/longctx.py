@@ -3,8 +3,9 @@
 Every task returns ``LongContextSample``s whose ``prompt_ids`` have at most ``length`` tokens (exactly
 ``length`` for the two tasks with a filler haystack), are deterministic in ``seed``, and end with a cue that
 a base LM completes with the answer. ``sample.score(prediction)`` grades a continuation in [0, 1] with the
-sample's ``metric``. Prompts are concatenations of separately encoded segments (as in ``passkey``), so
-lengths are exact sums; the haystack is made of the documents' sentences, whitespace collapsed, each piece
+sample's ``metric``. Prompts are concatenations of separately encoded segments (as in ``passkey``: all but
+the opening task line as they read in running text, ``TextTokenizer.encode_continuation``), so lengths are
+exact sums; the haystack is made of the documents' sentences, whitespace collapsed, each piece
 at most ``MAX_UNIT_WORDS`` words with one leading space.
 
 Formats (``{...}`` is filled per sample; ``\\n`` is a newline):
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from nope_lightning.config.stages import EvaluateConfig
+from nope_lightning.data.passkey import continuation_encoder
 from nope_lightning.data.tokenizer import TextTokenizer
 from nope_lightning.eval.generate import greedy_generate
 from nope_lightning.eval.longbench_metrics import count_score, retrieval_score
@@ -125,14 +127,14 @@ class _EncodedPieces:
     def __init__(self, tokenizer: TextTokenizer, texts: Sequence[str], what: str) -> None:
         if not texts:
             raise ValueError(f"the documents contain no {what}")
-        self.tokenizer, self.texts, self._ids = tokenizer, texts, {}
+        self.encode, self.texts, self._ids = continuation_encoder(tokenizer), texts, {}
 
     def __len__(self) -> int:
         return len(self.texts)
 
     def __getitem__(self, i: int) -> list[int]:
         if i not in self._ids:
-            self._ids[i] = self.tokenizer.encode(self.texts[i])
+            self._ids[i] = self.encode(self.texts[i])
         return self._ids[i]
 
 
@@ -190,13 +192,14 @@ def multikey_retrieval(tokenizer: TextTokenizer, documents: Sequence[str], lengt
         raise ValueError(f"num_keys={num_keys} must be >= 1")
     rng = random.Random(seed)
     pieces = _EncodedPieces(tokenizer, split_sentences(documents), "sentences")
-    head = tokenizer.encode(MULTIKEY_TASK + "\n")
+    head, continuation = tokenizer.encode(MULTIKEY_TASK + "\n"), continuation_encoder(tokenizer)
     samples = []
     for _ in range(num_samples):
         names, keys = _names(rng, num_keys), _numbers(rng, num_keys)
-        needles = [tokenizer.encode(f" The pass key of {n} is {k}. Remember it.") for n, k in zip(names, keys, strict=True)]
+        needles = [continuation(f" The pass key of {n} is {k}. Remember it.")
+                   for n, k in zip(names, keys, strict=True)]
         asked = rng.randrange(num_keys)
-        tail = tokenizer.encode(f"\nWhat is the pass key of {names[asked]}? The pass key of {names[asked]} is")
+        tail = continuation(f"\nWhat is the pass key of {names[asked]}? The pass key of {names[asked]} is")
         ids = _filled(tokenizer, "multikey_retrieval", length, head, needles, tail, pieces, rng)
         samples.append(LongContextSample("multikey_retrieval", ids, [keys[asked]], "first_integer", length,
                                          answer_tokens("multikey_retrieval")))
@@ -210,7 +213,7 @@ def variable_tracking(tokenizer: TextTokenizer, documents: Sequence[str], length
         raise ValueError(f"num_chains={num_chains} must be >= 1 and num_hops={num_hops} >= 0")
     rng = random.Random(seed)
     pieces = _EncodedPieces(tokenizer, split_sentences(documents), "sentences")
-    head = tokenizer.encode(TRACKING_TASK + "\n")
+    head, continuation = tokenizer.encode(TRACKING_TASK + "\n"), continuation_encoder(tokenizer)
     samples = []
     for _ in range(num_samples):
         names = _names(rng, num_chains * (num_hops + 1))
@@ -220,10 +223,10 @@ def variable_tracking(tokenizer: TextTokenizer, documents: Sequence[str], length
         statements = [f" VAR {chain[0]} = {value}." for chain, value in zip(chains, values, strict=True)]
         statements += [f" VAR {chain[h]} = VAR {chain[h - 1]}." for h in range(1, num_hops + 1) for chain in chains]
         asked = rng.randrange(num_chains)
-        tail = tokenizer.encode(f"\nQuestion: which variables are assigned the value {values[asked]}, directly or "
-                                f"through other variables? Answer: the variables assigned the value "
-                                f"{values[asked]} are:")
-        needles = [tokenizer.encode(s) for s in statements]
+        tail = continuation(f"\nQuestion: which variables are assigned the value {values[asked]}, directly "
+                            f"or through other variables? Answer: the variables assigned the value "
+                            f"{values[asked]} are:")
+        needles = [continuation(s) for s in statements]
         ids = _filled(tokenizer, "variable_tracking", length, head, needles, tail, pieces, rng)
         samples.append(LongContextSample("variable_tracking", ids, chains[asked], "string_match_all", length,
                                          answer_tokens("variable_tracking", num_hops)))
@@ -234,11 +237,11 @@ class _NumberedParagraphs:
     """Builds ``"Paragraph {k}: {text}\\n\\n"`` blocks from encoded paragraphs."""
 
     def __init__(self, tokenizer: TextTokenizer, paragraphs: _EncodedPieces) -> None:
-        self.tokenizer, self.paragraphs = tokenizer, paragraphs
-        self.separator = tokenizer.encode("\n\n")
+        self.continuation, self.paragraphs = continuation_encoder(tokenizer), paragraphs
+        self.separator = self.continuation("\n\n")
 
     def block(self, k: int, index: int) -> list[int]:
-        return [*self.tokenizer.encode(f"Paragraph {k}:"), *self.paragraphs[index], *self.separator]
+        return [*self.continuation(f"Paragraph {k}:"), *self.paragraphs[index], *self.separator]
 
     def body(self, order: Sequence[int]) -> list[int]:
         return [t for k, index in enumerate(order, 1) for t in self.block(k, index)]
@@ -264,7 +267,7 @@ def passage_retrieval(tokenizer: TextTokenizer, documents: Sequence[str], length
     for _ in range(num_samples):
         target = rng.randrange(len(texts))
         sentence = _query_sentence(texts[target], rng)
-        tail = tokenizer.encode(f"Sentence: {sentence}\nThe sentence comes from Paragraph")
+        tail = numbered.continuation(f"Sentence: {sentence}\nThe sentence comes from Paragraph")
         budget = length - len(head) - len(tail)
         # Paragraphs that also contain the sentence would make the answer ambiguous.
         others = [i for i in _candidates(rng, len(texts), budget, min_words)
@@ -290,7 +293,7 @@ def passage_count(tokenizer: TextTokenizer, documents: Sequence[str], length: in
     texts = split_paragraphs(documents, min_words, max_words)
     numbered = _NumberedParagraphs(tokenizer, _EncodedPieces(tokenizer, [" " + p for p in texts], "paragraphs"))
     head = tokenizer.encode(COUNT_TASK + "\n\n")
-    tail = tokenizer.encode("How many different paragraphs are there? The answer is:")
+    tail = numbered.continuation("How many different paragraphs are there? The answer is:")
     budget = length - len(head) - len(tail)
     samples = []
     for _ in range(num_samples):

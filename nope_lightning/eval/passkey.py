@@ -13,7 +13,12 @@ from dataclasses import dataclass
 import torch
 
 from nope_lightning.config.stages import EvaluateConfig
-from nope_lightning.data.passkey import PasskeyPromptBuilder, PasskeySample, make_passkey_samples
+from nope_lightning.data.passkey import (
+    PasskeyPromptBuilder,
+    PasskeySample,
+    continuation_encoder,
+    make_passkey_samples,
+)
 from nope_lightning.eval.generate import greedy_generate
 from nope_lightning.numerics.stats import wilson
 from nope_lightning.results.passkey import PasskeyCell, PasskeyOutcome, PasskeyResults
@@ -33,9 +38,10 @@ def score_passkey_tokens(generated_ids: Sequence[int], key_ids: Sequence[int]) -
 
 
 def answer_ids(tokenizer, key: str) -> list[int]:
-    """The tokens a correct answer starts with: the key as it follows "is" (``encode(" " + key)``, the ids the
-    prompt holds at ``key_token_start``)."""
-    return tokenizer.encode(f" {key}")
+    """The tokens a correct answer starts with: the key as it follows "is" (`` " " + key`` encoded as running
+    text, ``continuation_encoder``: the ids the prompt holds at ``key_token_start``, also for a SentencePiece
+    tokenizer, whose plain encode would mark a start of text)."""
+    return continuation_encoder(tokenizer)(f" {key}")
 
 
 def answer_passkeys(model, tokenizer, samples: Sequence[PasskeySample], max_new_tokens: int,

@@ -50,7 +50,7 @@ def litgpt_config(cfg: ModelConfig, vocab_size: int) -> Config:
         name="nope_lightning",
         block_size=cfg.max_positions,
         vocab_size=vocab_size,
-        padding_multiple=64,
+        padding_multiple=cfg.padding_multiple,
         n_layer=cfg.n_layer,
         n_head=cfg.n_head,
         n_query_groups=cfg.kv_heads,

@@ -2,11 +2,16 @@
 
 Every step's config is resolved exactly as the real run resolves it (``pipeline.step_config``), with
 placeholders standing for the results of the steps before it, as each stage declares them
-(``run.Stage.result_keys``): ``dry-run-<step id>`` for a run id (so ``runs:/dry-run-pretrain_nope/model``
-says which step trains that model), ``1`` / ``1.0`` for counts and metrics (a ``best_lambda`` of 1.0 is a valid
-temperature), ``dry-run/<step id>/<key>`` for paths. Then references, lengths and token budgets are checked
-against what the steps will produce. Nothing is computed: no model is built, no data is prepared (a
-preparation already in the cache is read), no MLflow run is created.
+(``run.Stage.result_keys``): ``dry-run-<step id>`` for a run id, ``1`` / ``1.0`` for counts and metrics (a
+``best_lambda`` of 1.0 is a valid temperature), ``dry-run/<step id>/<key>`` for paths. The model a step reads and
+the search its lambda comes from are those of the steps its typed inputs name (``model: pretrain_nope``,
+``temperature: {search: search_nope, at: 512}``); a text reference's are found by its placeholder
+(``runs:/dry-run-pretrain_nope/model``). Then references, lengths and token budgets are checked against what the
+steps will produce. Nothing is computed: no model is built, no data is prepared (a
+preparation already in the cache is read), no MLflow run is created. A Hugging Face Llama folder, named by an
+``import`` step or directly (``checkpoint=nope:<folder>``, ``rope:<folder>``, or a folder that says its
+encoding), is checked through its ``config.json`` alone (``hf.hf_model_config``: size, training length, max
+positions, encoding), as the import will read it; a missing folder is a problem of its step.
 
 The result is the plan (steps in order: stage, label, model, lengths, training tokens, problems); any
 problem raises one ``ValueError`` with one line per problem, each naming its step.
@@ -18,13 +23,17 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from nope_lightning.config.parts import AttentionTemperature, DataConfig
+from nope_lightning.config.data import DataConfig
+from nope_lightning.config.parts import AttentionTemperature
 from nope_lightning.config.pipeline import PipelineConfig
 from nope_lightning.config.stages import PretrainConfig
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
 from nope_lightning.eval.longctx import answer_tokens
+from nope_lightning.model.hf import hf_model_config, is_hf_folder, parse_reference
+from nope_lightning.pipeline.inputs import MODEL_REFERENCES, inputs
 from nope_lightning.pipeline.steps import Instance, common_problems, expand, reference_problems, step_config
 from nope_lightning.runtime.progress import pipeline_line
 from nope_lightning.stages.registry import get_stage
@@ -91,8 +100,9 @@ def plan(cfg: PipelineConfig, quiet: bool = False) -> dict[str, Any]:
     its file this way before any compute)."""
     references = reference_problems(cfg)
     results: dict[str, dict] = {}
-    models: dict[str, Model] = {}  # run id placeholder -> the model that run exports
-    searches: dict[str, Search] = {}  # run id placeholder -> the scale-search that run is
+    # By instance id (typed inputs) and by the placeholder of its run or export folder (text references):
+    models: dict[str, Model] = {}  # the models steps train, fine-tune or import
+    searches: dict[str, Search] = {}  # the scale-searches
     instances = expand(cfg)
     steps = []
     for number, instance in enumerate(instances, 1):
@@ -118,16 +128,22 @@ def plan_step(instance: Instance, cfg: PipelineConfig, references: list[str], re
     entry: dict[str, Any] = {"id": instance.id, "stage": step.stage, "label": step.label, "model": None,
                              "lengths": {}, "training_tokens": 0, "data": None, "notes": [],
                              "problems": list(references)}
+    if not entry["problems"] and (failed := [s for s in inputs(step).values() if results[instance.of(s)].open]):
+        entry["notes"].append(f"unchecked: step {failed[0]!r}, whose results it reads, has problems")
+        results[instance.id] = Placeholders(instance.id, None)
+        return entry
     if not entry["problems"]:
         try:
             stage_cfg = step_config(instance, cfg, results, PARENT)
+            checkpoint = (stage_cfg.base.checkpoint if step.stage == "headscale-search"
+                          else getattr(stage_cfg, "checkpoint", ""))
+            known = models.get(instance.of(step.model) if step.model else run_id_of(checkpoint) or checkpoint)
+            model = step_model(instance.id, step.stage, stage_cfg, checkpoint, known)
         except (ValueError, FileNotFoundError) as err:
             entry["problems"].append(str(err).splitlines()[0])
     if entry["problems"]:
         results[instance.id] = Placeholders(instance.id, None)
         return entry
-    checkpoint = stage_cfg.base.checkpoint if step.stage == "headscale-search" else getattr(stage_cfg, "checkpoint", "")
-    model = Model(instance.id, stage_cfg) if step.stage == "pretrain" else models.get(run_id_of(checkpoint))
     if model is not None:
         size = f"{model.cfg.model.n_layer} layers x {model.cfg.model.n_embd}, {model.cfg.model.n_head} heads"
         entry["model"] = {"from": model.step, "pos_encoding": model.cfg.model.pos_encoding, "size": size,
@@ -137,31 +153,62 @@ def plan_step(instance: Instance, cfg: PipelineConfig, references: list[str], re
         entry["notes"].append(f"checkpoint {checkpoint} is not trained by this file: its lengths are unchecked")
     if step.stage in CHECKS:
         CHECKS[step.stage](stage_cfg, model, entry)
-    if step.stage == "evaluate" and stage_cfg.extension.temperature.uniform_search:
-        searched_lambda_problems(stage_cfg.extension.temperature, model, searches, entry)
+    if step.stage == "evaluate" and (searched := stage_cfg.extension.temperature).uniform_search:
+        search = searches.get(instance.of(step.temperature.search) if step.temperature.search
+                              else searched.uniform_search.removeprefix("runs:/").split("/")[0])
+        searched_lambda_problems(searched, model, search, entry, typed=bool(step.temperature.search))
     keys = get_stage(step.stage).result_keys(stage_cfg, model.cfg.train_len if model is not None else None)
-    results[instance.id] = Placeholders(instance.id, keys)
-    if step.stage in ("pretrain", "finetune") and model is not None:
-        models[results[instance.id]["run_id"]] = Model(instance.id, model.cfg)
+    made = results[instance.id] = Placeholders(instance.id, keys)
+    if step.stage in MODEL_REFERENCES and model is not None:  # the result holding its model (run or folder)
+        models[instance.id] = models[made[MODEL_REFERENCES[step.stage][0]]] = Model(instance.id, model.cfg)
+    if step.stage == "import":
+        entry["model"]["source"], entry["lengths"] = stage_cfg.source, {"train_len": model.cfg.train_len}
     if step.stage == "scale-search":
-        searches[results[instance.id]["run_id"]] = Search(instance.id, model, tuple(stage_cfg.target_lengths))
+        search = Search(instance.id, model, tuple(stage_cfg.target_lengths))
+        searches[instance.id] = searches[made["run_id"]] = search
     return entry
 
 
-def searched_lambda_problems(temperature: AttentionTemperature, model: Model | None, searches: dict[str, Search], entry: dict) -> None:
-    """A searched lambda (``uniform_search``) of a search this file runs must come from a search on the model
-    this step evaluates (the run refuses another model's) at a length it searches."""
-    search = searches.get(temperature.uniform_search.removeprefix("runs:/").split("/")[0])
+def step_model(step: str, stage: str, cfg: Any, checkpoint: str, known: Model | None) -> Model | None:
+    """The model a step trains (pretrain), imports (import) or reads (``known``: a model of this file it names,
+    else ``checkpoint``, a Hugging Face folder); None for a checkpoint made elsewhere."""
+    if stage == "pretrain":
+        return Model(step, cfg)
+    if stage == "import":
+        return hf_model(cfg.source, cfg.pos_encoding or None, step, cfg.data, cfg.max_positions)
+    if known is not None or not checkpoint:
+        return known
+    encoding, folder = parse_reference(checkpoint)
+    # Imported on first use with the default data section (checkpoint.imported_copy): plan with that one.
+    return hf_model(folder, encoding, checkpoint, DataConfig()) if encoding or is_hf_folder(folder) else None
+
+
+def hf_model(folder: str, encoding: str | None, step: str, data: DataConfig, max_positions: int = 0) -> Model:
+    """The model of the Hugging Face Llama ``folder`` as the import will build it, read from its config.json
+    alone, with ``data`` as its own data section; a missing folder is one line."""
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder; download the model there first (huggingface-cli "
+                                f"download <repo> --local-dir {folder}) or point the variable at its folder")
+    model_cfg, _, train_len = hf_model_config(folder, encoding, max_positions)
+    return Model(step, PretrainConfig(model=model_cfg, data=data, train_len=train_len))
+
+
+def searched_lambda_problems(temperature: AttentionTemperature, model: Model | None, search: Search | None,
+                             entry: dict, typed: bool) -> None:
+    """A searched lambda (``uniform_search``) of a search this file runs (``search``) must come from a search on
+    the model this step evaluates (the run refuses another model's) at a length it searches; ``typed``: named by
+    the step's ``temperature`` input, not by text."""
     if search is None:
         return
+    key, at = ("temperature.search", "temperature.at") if typed else (
+        "extension.temperature.uniform_search", "extension.temperature.uniform_search_len")
     if model is not None and search.model is not None and search.model.step != model.step:
-        entry["problems"].append(f"extension.temperature.uniform_search: step {search.step!r} searches the model "
-                                 f"step {search.model.step!r} trains, this step evaluates the one step "
-                                 f"{model.step!r} trains; the run refuses a lambda searched on another model: "
-                                 f"search this one")
+        entry["problems"].append(f"{key}: step {search.step!r} searches the model step {search.model.step!r} "
+                                 f"trains, this step evaluates the one step {model.step!r} trains; the run refuses "
+                                 f"a lambda searched on another model: search this one")
     if temperature.uniform_search_len not in search.targets:
-        entry["problems"].append(f"extension.temperature.uniform_search_len={temperature.uniform_search_len}: step "
-                                 f"{search.step!r} searches target_lengths {list(search.targets)}; name one of them")
+        entry["problems"].append(f"{at}={temperature.uniform_search_len}: step {search.step!r} searches "
+                                 f"target_lengths {list(search.targets)}; name one of them")
 
 
 def shared_out_dirs(steps: list[dict]) -> list[str]:

@@ -37,9 +37,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nope_lightning.config.core import to_yaml
+from nope_lightning.config.core import load_config, to_yaml
 from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
 from nope_lightning.pipeline import dry_run
+from nope_lightning.pipeline.inputs import as_inputs
 from nope_lightning.pipeline.steps import expand, pipeline_hash, recorded_hash, step_config, step_hash
 from nope_lightning.runtime import tracking
 from nope_lightning.runtime.progress import pipeline_line
@@ -50,12 +51,33 @@ HASH_TAG = "config_hash"
 
 
 def find_parent(cfg: PipelineConfig, run_hash: str) -> str | None:
-    """The newest parent run of this exact pipeline config, to resume; None if there is none."""
+    """The newest parent run of this exact pipeline config, to resume; None if there is none. A parent run of the
+    file's name whose logged file is this one once text references and typed inputs are read alike
+    (``inputs.as_inputs``) is this pipeline too: the same file before its references became typed inputs (the
+    position of a reference among the overrides, which typed inputs do not have, changed its ``pipeline_hash``)."""
     client = tracking.client(cfg.tracking)
     runs = client.search_runs([tracking.experiment_id(cfg.tracking)],
                               filter_string=f"tags.pipeline_hash = '{run_hash}'",
                               order_by=["attributes.start_time DESC"], max_results=1)
-    return runs[0].info.run_id if runs else None
+    if runs:
+        return runs[0].info.run_id
+    same = typed_hash(cfg)
+    named = client.search_runs([tracking.experiment_id(cfg.tracking)],
+                               filter_string=f"tags.stage = 'pipeline' and attributes.run_name = '{cfg.name}'",
+                               order_by=["attributes.start_time DESC"])
+    for run in named:
+        try:
+            logged = load_config(PipelineConfig, tracking.download(cfg.tracking, run.info.run_id, "config.yaml"))
+        except (ValueError, OSError):  # a file the code no longer reads (or no file) is no match
+            continue
+        if typed_hash(logged) == same:
+            return run.info.run_id
+    return None
+
+
+def typed_hash(cfg: PipelineConfig) -> str:
+    """``pipeline_hash`` of ``cfg`` with its text references that typed inputs stand for made typed inputs."""
+    return pipeline_hash(replace(cfg, steps=[as_inputs(step) for step in cfg.steps]))
 
 
 def finished_step(cfg: PipelineConfig, digest: str) -> dict[str, Any] | None:

@@ -3,10 +3,12 @@
 The one home of step resolution: the pipeline runs the instances, its dry run (``dry_run.py``) checks them.
 An instance is one step of the file at one replicate seed and one matrix point: a file with ``seeds: [a, b]``
 and ``matrix: {n_layer: [2, 6]}`` runs every step four times, replicate by replicate, point by point, in file
-order. Inside an instance ``@{step.key}`` means that step's result *at the same seed and point*, ``@{seed}`` the
-replicate's seed and ``@{matrix.<key>}`` the point's value. Instance ids are the step id plus the point and
-seed, ``pretrain_nope[n_layer=2,seed=1234]``; without seeds and matrix they are the bare step ids, so files
-without either behave (and resume) exactly as before.
+order. Inside an instance a typed input (``model: pretrain_nope``, ``temperature: {search: search_nope, at: 512}``;
+``inputs.py``) and ``@{step.key}`` mean that step's result *at the same seed and point*, ``@{seed}`` the
+replicate's seed and ``@{matrix.<key>}`` the point's value; typed inputs reach the stage config as a typed layer
+(``typed_inputs``), the values the text form gave. Instance ids are the step id plus the point and seed,
+``pretrain_nope[n_layer=2,seed=1234]``; without seeds and matrix they are the bare step ids, so files without
+either behave (and resume) exactly as before.
 
 Stages that train from scratch take the replicate's seed in the key their registry entry declares
 (``Stage.seed``, a typed config layer: the seed stays an ``int``) unless the step sets that key itself: ``seed``
@@ -34,6 +36,15 @@ from omegaconf import OmegaConf
 
 from nope_lightning.config.core import flatten, to_dict
 from nope_lightning.config.pipeline import PipelineConfig, PipelineStep
+from nope_lightning.pipeline.inputs import (
+    at_problem,
+    defaults,
+    input_problem,
+    input_settings,
+    inputs,
+    nested,
+    takes,
+)
 from nope_lightning.results.runkey import RunKey
 from nope_lightning.stages.registry import STAGES, get_stage, stage_config
 
@@ -84,13 +95,18 @@ def expand(cfg: PipelineConfig) -> list[Instance]:
 
 
 def reference_problems(cfg: PipelineConfig) -> dict[str, list[str]]:
-    """``step id -> problems`` of its references: an unknown, later or self step, a step that does not run at
-    every point this one runs at, ``@{seed}`` without seeds, an unknown matrix key, a searched lambda passed as
-    text (``searched_lambda_problem``). Empty lists when fine."""
-    order = [step.id for step in cfg.steps]
+    """``step id -> problems`` of its references and typed inputs: an unknown, later or self step, a step that does
+    not run at every point this one runs at (``source_problem``), an input the steps cannot hand over
+    (``inputs.input_problem``), ``@{seed}`` without seeds, an unknown matrix key, a searched lambda passed as text
+    (``searched_lambda_problem``). Empty lists when fine."""
+    stages = {step.id: step.stage for step in cfg.steps}
     problems: dict[str, list[str]] = {}
-    for here, step in enumerate(cfg.steps):
-        found = problems.setdefault(step.id, [])
+    for step in cfg.steps:
+        found = problems.setdefault(step.id, at_problem(step))
+        for name, source in inputs(step).items():
+            if problem := source_problem(f"{name}: {source}", source, name, step, cfg) or input_problem(
+                    step, name, source, stages[source]):
+                found.append(problem)
         for override in step.overrides:
             found += searched_lambda_problem(override)
             for name, key in REFERENCE.findall(override):
@@ -102,25 +118,30 @@ def reference_problems(cfg: PipelineConfig) -> dict[str, list[str]]:
                     if key not in cfg.matrix:
                         found.append(f"{where}: the file's matrix has no key {key!r} "
                                      f"(keys: {', '.join(cfg.matrix) or 'none'})")
-                elif name == step.id:
-                    found.append(f"{where} refers to this step itself; a step can use only earlier steps' results")
-                elif name in order and order.index(name) > here:
-                    found.append(f"{where} refers to step {name!r}, which runs later (steps run in file order): "
-                                 f"move {name!r} before {step.id!r}")
-                elif name not in order:
-                    close = difflib.get_close_matches(name, order, n=1)
-                    hint = f"did you mean {close[0]!r}? " if close else ""
-                    found.append(f"{where}: no step {name!r} in this file; {hint}steps: {', '.join(order)}")
-                elif not key:
-                    found.append(f"{where} names a step but no result: write @{{{name}.<key>}}, e.g. "
-                                 f"@{{{name}.run_id}}")
-                else:
-                    missing = [p for p in points(cfg.matrix) if runs_at(step, p) and not runs_at(cfg.steps[
-                        order.index(name)], p)]
-                    if missing:
-                        found.append(f"{where}: step {name!r} does not run at matrix point "
-                                     f"{dict(missing[0])}, where {step.id!r} runs (its `only` is narrower)")
+                elif problem := source_problem(where, name, key, step, cfg):
+                    found.append(problem)
     return problems
+
+
+def source_problem(where: str, name: str, key: str, step: PipelineStep, cfg: PipelineConfig) -> str | None:
+    """Why ``step`` cannot read result ``key`` of step ``name`` (``where``: the reference as written): ``name`` is
+    this step, no step of the file or a later one, the reference names no result, or ``name`` skips a matrix
+    point where ``step`` runs; None when it can."""
+    order = [s.id for s in cfg.steps]
+    if name == step.id:
+        return f"{where} refers to this step itself; a step can use only earlier steps' results"
+    if name not in order:
+        close = difflib.get_close_matches(name, order, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"{where}: no step {name!r} in this file; {hint}steps: {', '.join(order)}"
+    if order.index(name) > order.index(step.id):
+        return f"{where} refers to step {name!r}, which runs later (steps run in file order): move {name!r} before " \
+               f"{step.id!r}"
+    if not key:
+        return f"{where} names a step but no result: write @{{{name}.<key>}}, e.g. @{{{name}.run_id}}"
+    missing = [p for p in points(cfg.matrix) if runs_at(step, p) and not runs_at(cfg.steps[order.index(name)], p)]
+    return (f"{where}: step {name!r} does not run at matrix point {dict(missing[0])}, where {step.id!r} runs (its "
+            f"`only` is narrower)") if missing else None
 
 
 def common_problems(cfg: PipelineConfig) -> list[str]:
@@ -145,9 +166,8 @@ def searched_lambda_problem(override: str) -> list[str]:
     key, _, value = override.partition("=")
     if not key.strip().endswith("extension.temperature.uniform"):
         return []
-    return [f"{key.strip()}={value}: a searched lambda as text is not checked against the evaluated model; write "
-            f"extension.temperature.uniform_search=@{{{name}.run_id}} "
-            f"extension.temperature.uniform_search_len={match.group(1)}"
+    return [f"{key.strip()}={value}: a searched lambda as text is not checked against the evaluated model; give "
+            f"the step temperature: {{search: {name}, at: {match.group(1)}}}"
             for name, ref in REFERENCE.findall(value) if (match := SEARCHED_LAMBDA.fullmatch(ref))]
 
 
@@ -160,22 +180,36 @@ def substitute(text: str, instance: Instance, results: Mapping[str, Mapping[str,
             return str(instance.seed)
         if name == "matrix":
             return dict(instance.point)[key]
-        other = instance.of(name)
-        if other not in results:
-            raise ValueError(f"@{{{name}.{key}}}: no earlier step {name!r} (steps run in file order)")
-        if key not in results[other]:
-            raise ValueError(f"@{{{name}.{key}}}: step {name!r} has no result {key!r} "
-                             f"(it has {', '.join(sorted(results[other]))})")
-        return str(results[other][key])
+        return str(result_of(name, key, instance, results))
 
     return REFERENCE.sub(replace, text)
 
 
+def result_of(name: str, key: str, instance: Instance, results: Mapping[str, Mapping[str, Any]]) -> Any:
+    """Result ``key`` of step ``name`` at ``instance``'s seed and point; a clear error when it is not there."""
+    other = instance.of(name)
+    if other not in results:
+        raise ValueError(f"@{{{name}.{key}}}: no earlier step {name!r} (steps run in file order)")
+    if key not in results[other]:
+        raise ValueError(f"@{{{name}.{key}}}: step {name!r} has no result {key!r} "
+                         f"(it has {', '.join(sorted(results[other]))})")
+    return results[other][key]
+
+
+def typed_inputs(instance: Instance, cfg: PipelineConfig, results: Mapping[str, Mapping[str, Any]],
+                 parent: str) -> dict[str, Any]:
+    """``{dotted key: value}`` of ``instance``'s typed inputs (``inputs.input_settings``): from the results of the
+    steps they name at its seed and point, a HeadScale step's table from that step's config under ``parent``."""
+    return input_settings(instance.step, cfg.steps, lambda name, key: result_of(name, key, instance, results),
+                          lambda made: step_config(Instance(made, instance.seed, instance.point), cfg, results,
+                                                   parent))
+
+
 def step_config(instance: Instance, cfg: PipelineConfig, results: Mapping[str, Mapping[str, Any]], parent: str):
     """The validated stage config of ``instance``: its YAML <- common overrides (where the key exists) <- the
-    replicate's seed (the stages that declare a ``Stage.seed``; a typed layer, an ``int``) <- its overrides with
-    references resolved <- the pipeline's tracking at the stage's ``Stage.tracking``, nested under ``parent``,
-    and a run name unique to the instance."""
+    replicate's seed (the stages that declare a ``Stage.seed``; a typed layer, an ``int``) <- its typed inputs (a
+    typed layer, ``typed_inputs``) <- its overrides with references resolved <- the pipeline's tracking at the
+    stage's ``Stage.tracking``, nested under ``parent``, and a run name unique to the instance."""
     step, stage = instance.step, get_stage(instance.step.stage)
     schema = defaults(stage.config_class())
     common = [o for o in cfg.common if takes(schema, o.split("=", 1)[0])]
@@ -188,23 +222,8 @@ def step_config(instance: Instance, cfg: PipelineConfig, results: Mapping[str, M
         ("parent_run_id", parent))] if stage.tracking else []
     if step.label and takes(schema, "name"):
         tracked.append(f"name={step.label}{instance.key.suffix}")
-    return stage_config(step.stage, config_path(step.config), [*overrides, *tracked], layers=[common, seeded])
-
-
-def takes(schema: Mapping[str, Any], key: str) -> bool:
-    """Whether a config of defaults ``schema`` (nested dicts) has the dotted ``key``: a leaf or section of it, or a
-    key under one of its open mappings (``task_overrides.sort`` of a grid, whose ``task_overrides`` is ``{}`` by
-    default and takes any task), so a common override reaches the steps that know it and skips the others."""
-    node: Any = schema
-    for part in key.split("."):
-        if not isinstance(node, Mapping):
-            return False
-        if not node:
-            return True
-        if part not in node:
-            return False
-        node = node[part]
-    return True
+    linked = nested(typed_inputs(instance, cfg, results, parent))
+    return stage_config(step.stage, config_path(step.config), [*overrides, *tracked], layers=[common, seeded, linked])
 
 
 def config_path(path: str) -> str | None:
@@ -213,11 +232,6 @@ def config_path(path: str) -> str | None:
         return path or None
     in_repo = Path(__file__).resolve().parents[2] / path
     return str(in_repo) if in_repo.exists() else path
-
-
-def defaults(cls) -> dict:
-    """A config class's default values as a nested dict (no validation: required fields may be empty)."""
-    return OmegaConf.to_container(OmegaConf.structured(cls))
 
 
 #: Fields added to the schemas after step hashes were first recorded, with their defaults (by name, wherever they
@@ -237,6 +251,10 @@ ADDED_FIELDS: dict[str, Any] = {
     "past_only": False,
     # a scale-search's best lambda as a typed reference, checked against the evaluated model
     "uniform_search": "", "uniform_search_len": 0,
+    # an imported Hugging Face model's vocabulary, unpadded
+    "padding_multiple": 64,
+    # a given tokenizer.json, and the streaming (litdata) prepare of a pretraining corpus
+    "tokenizer": "", "engine": "memory",
 }
 
 #: Fields whose value never changes a step's result, hashed as the one value every step recorded before they
@@ -280,7 +298,31 @@ STEP_REPORT_ONLY = ("paper", "family")
 def pipeline_hash(cfg: PipelineConfig) -> str:
     """The identity of the steps a pipeline runs: its config less ``REPORT_ONLY`` fields, its steps'
     ``STEP_REPORT_ONLY`` ones and the ``ADDED_FIELDS`` at their defaults, and less ``seeds`` and ``matrix`` when
-    empty, so a pipeline started before those fields existed still finds its parent run."""
+    empty, so a pipeline started before those fields existed still finds its parent run. A step's typed inputs
+    count as the text overrides they stand for (``checkpoint=runs:/@{pretrain_nope.run_id}/model``: ``Named``),
+    first among its overrides: a step without inputs hashes as before they existed, and a file keeps its hash
+    when it moves overrides written first to typed inputs."""
     fields = {k: v for k, v in identity(cfg, drop=STEP_REPORT_ONLY).items()
               if k not in REPORT_ONLY and not (k in ("seeds", "matrix") and not v)}
+    first = {instance.step.id: instance for instance in reversed(expand(cfg))}
+    for step, written in zip(cfg.steps, fields["steps"], strict=True):
+        del written["model"], written["temperature"]
+        if inputs(step) and step.id in first:
+            settings = typed_inputs(first[step.id], cfg, Named(), "named")
+            written["overrides"] = [*(f"{key}={value}" for key, value in settings.items()), *written["overrides"]]
     return hashlib.sha256(OmegaConf.to_yaml(OmegaConf.create(fields)).encode()).hexdigest()[:16]
+
+
+class Named(dict):
+    """Results standing as the text that names them, for any instance: ``Named()[<instance id>][key]`` is
+    ``@{<step id>.<key>}`` (``Named(<step id>)[key]``)."""
+
+    def __init__(self, step: str = ""):
+        super().__init__()
+        self.step = step
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __missing__(self, key: str) -> Any:
+        return f"@{{{self.step}.{key}}}" if self.step else Named(key.partition("[")[0])

@@ -3,13 +3,15 @@
 Our runs are step-based with one endless epoch, which Lightning's bar shows as "Epoch 0/-2 … v_num: 1120"
 on stdout. This one shows "train 150/700 [elapsed<ETA] loss=…" on stderr, so stdout keeps only the
 command's JSON result. When stderr is not a terminal (a log file), a bar would be a run of carriage
-returns, so it writes one plain line per tenth of the run instead, with the same ETA.
+returns, so it writes plain lines instead, with the same ETA: one per tenth of the run, and one whenever a
+minute passed without a line (a slow run would otherwise look stalled for many minutes).
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch.callbacks import TQDMProgressBar
@@ -17,14 +19,17 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from tqdm import tqdm as _tqdm
 
 LINES = 10  # plain lines per run when stderr is not a terminal
+QUIET_S = 60.0  # the longest a run goes without a plain line
 
 
 class StepProgressBar(TQDMProgressBar):
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self._lines = not sys.stderr.isatty()
+        self._clock = clock
         self._start = (0.0, 0)  # (time, step) when this fit began: a resumed run's ETA counts from there
-        self._written = -1  # the last step given a line (with gradient accumulation a step spans batches)
+        # (step, time) of the last line: with gradient accumulation a step spans batches, and gets one line
+        self._written = (-1, 0.0)
 
     @property
     def validation_description(self) -> str:
@@ -57,15 +62,18 @@ class StepProgressBar(TQDMProgressBar):
         bar.reset(total=trainer.max_steps)
         bar.initial = bar.n = trainer.global_step
         bar.set_description("train")
-        self._start = (time.monotonic(), trainer.global_step)
+        self._start = (self._clock(), trainer.global_step)
+        self._written = (-1, self._start[0])
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         step, total = trainer.global_step, trainer.max_steps
         if not self._should_update(step, total):
             return
         if self._lines:
-            if step != self._written and (step == total or step % max(1, total // LINES) == 0):
-                self._written = step
+            now = self._clock()
+            if step != self._written[0] and (step == total or step % max(1, total // LINES) == 0
+                                             or now - self._written[1] >= QUIET_S):
+                self._written = (step, now)
                 self._write_line(step, total, self.get_metrics(trainer, pl_module))
         elif step != self.train_progress_bar.n:
             self.train_progress_bar.n = step
@@ -73,7 +81,7 @@ class StepProgressBar(TQDMProgressBar):
 
     def _write_line(self, step: int, total: int, metrics: dict[str, Any]) -> None:
         began, first = self._start
-        elapsed = time.monotonic() - began
+        elapsed = self._clock() - began
         eta = elapsed / (step - first) * (total - step) if step > first else 0.0
         shown = ", ".join(f"{k}={Tqdm.format_num(v)}" for k, v in metrics.items())
         print(f"train {step}/{total} ({100 * step // total}%) {_tqdm.format_interval(elapsed)} elapsed, "

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,11 +146,22 @@ def tracking_configs(cfg: Any) -> list[TrackingConfig]:
 def check_store(cfg: Any) -> None:
     """Before a stage does anything: its tracking store answers and is writable, and so is its artifact root;
     raises a one-line ``ValueError`` otherwise (seconds, not MLflow's minutes of retries). Then closes the
-    runs of this experiment whose process died (see ``close_dead_runs``)."""
+    runs of this experiment whose process died (see ``close_dead_runs``).
+
+    A SQLite store's missing folder is created with one line on stderr when the folder above it exists (the
+    default ``mlruns/`` of a fresh clone), and refused when that is missing too: most likely a mistyped path,
+    which would silently start a new, empty store away from the user's runs."""
     for tracking_cfg in tracking_configs(cfg):
         db = _sqlite_path(tracking_cfg.uri)
         if db is not None:
+            created = not db.parent.exists()
+            if created and not db.parent.parent.exists():
+                raise ValueError(f"tracking.uri={tracking_cfg.uri}: neither {db.parent} nor {db.parent.parent} "
+                                 f"exists; fix the path or create it (mkdir -p {db.parent})")
             _check_writable(db.parent, f"tracking.uri={tracking_cfg.uri}")
+            if created:
+                print(f"tracking: created {db.parent}/ for the store {tracking_cfg.uri}", file=sys.stderr,
+                      flush=True)
             if db.exists() and not os.access(db, os.R_OK | os.W_OK):
                 raise ValueError(f"tracking.uri={tracking_cfg.uri}: {db} is not readable and writable")
         try:
