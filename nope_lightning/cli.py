@@ -11,6 +11,9 @@ stage runs with ``sys.stdout`` pointed at stderr). The JSON is strict (RFC 8259)
 infinite (e.g. the R² of a fit through too few points) is written as ``null``. With
 ``$NOPE_LIGHTNING_RESULT`` set (a pipeline running a step as a subprocess) the result goes to that file
 instead, so the pipeline's own stdout stays one JSON. ``harness`` prints lm-eval's results table instead.
+Ctrl-C or SIGTERM ends a run with one line on stderr (where it stopped, what a rerun resumes) and exit code 130 /
+143, its MLflow runs marked KILLED (``_stopped``); a pipeline's step process writes that line's end to the result
+file instead, for the pipeline's own line.
 Heavy modules (torch, Lightning, MLflow, lm-eval) are imported only once a stage or the harness runs, so a
 mistyped stage or key, a corrupt YAML file or a missing local ``checkpoint=`` folder fails in under a second.
 """
@@ -31,7 +34,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from nope_lightning.config.core import read_yaml, to_yaml
-from nope_lightning.runtime import quiet
+from nope_lightning.runtime import quiet, stopping
 from nope_lightning.stages.registry import STAGES, run_stage, stage_config
 
 DESCRIPTION = "Length generalization without position encoding (NoPE): pretraining, temperature search, " \
@@ -156,27 +159,68 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nope-lightning: error: {err}", file=sys.stderr)
             return 2
         return 0
+    cfg = None
+    stopping.begin()
     try:
-        yaml_path, overrides = _split(ns.stage, ns.args)
-        cfg = stage_config(ns.stage, yaml_path, overrides)
-        if ns.command == "config":
-            print(to_yaml(cfg), end="")
-            return 0
-        check_checkpoint(cfg)
-        with contextlib.redirect_stdout(sys.stderr):
-            result = run_stage(ns.stage, cfg)
-    except (ValueError, FileNotFoundError) as err:
+        with stopping.signals_raise():
+            yaml_path, overrides = _split(ns.stage, ns.args)
+            cfg = stage_config(ns.stage, yaml_path, overrides)
+            if ns.command == "config":
+                print(to_yaml(cfg), end="")
+                return 0
+            check_checkpoint(cfg)
+            with contextlib.redirect_stdout(sys.stderr):
+                result = run_stage(ns.stage, cfg)
+    except BaseException as err:
+        if stopping.received() is not None:  # whatever the signal interrupted, and however it surfaced
+            return _stopped(ns.stage, cfg)
+        if not isinstance(err, ValueError | FileNotFoundError):
+            raise
         print(f"nope-lightning: error: {err}", file=sys.stderr)
         return 2
-    from lightning.pytorch.utilities import rank_zero_only
-
-    if rank_zero_only.rank == 0:  # DDP re-runs this command line in every rank; report once
+    if _rank_zero():  # DDP re-runs this command line in every rank; report once
         text = json.dumps(strict_json(result), indent=1, default=str, allow_nan=False)
         if os.environ.get("NOPE_LIGHTNING_RESULT"):
             Path(os.environ["NOPE_LIGHTNING_RESULT"]).write_text(text)
         else:
             print(text)
     return 0
+
+
+def _rank_zero() -> bool:
+    """Whether this process is the global rank 0 (one that has not loaded Lightning launched no ranks)."""
+    if "lightning" not in sys.modules:
+        return True
+    from lightning.pytorch.utilities import rank_zero_only
+
+    return rank_zero_only.rank == 0
+
+
+def _stopped(stage: str, cfg: Any) -> int:
+    """After a stop signal: mark KILLED the runs this command opened (and those its killed step processes left
+    RUNNING), then one line on what a rerun resumes, or, in a pipeline's step process, that sentence in the
+    result file for the pipeline's line; returns 128 + the signal. Further signals wait for this to finish."""
+    with stopping.shielded():
+        if not _rank_zero():
+            return stopping.exit_code()
+        from nope_lightning.runtime.tracking import stop_runs
+
+        try:
+            if cfg is not None:
+                stop_runs(cfg)
+        except Exception:  # noqa: BLE001 — a stop inside an import leaves MLflow half imported: the next run
+            pass  # closes the runs of this (then dead) process as KILLED (tracking.close_dead_runs)
+        note, out = stopping.STATE.note, stopping.STATE.out_dir
+        if not note and out is not None:
+            from nope_lightning.training.trainer import resume_note
+
+            note = resume_note(out)
+        note = note or "starts again"
+        if os.environ.get("NOPE_LIGHTNING_RESULT"):
+            Path(os.environ["NOPE_LIGHTNING_RESULT"]).write_text(json.dumps({"stopped": note}))
+        else:
+            print(stopping.stop_line(stage, note), file=sys.stderr, flush=True)
+    return stopping.exit_code()
 
 
 if __name__ == "__main__":

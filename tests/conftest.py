@@ -1,4 +1,5 @@
-"""Shared fixtures: single-threaded torch, and tracking pointed at a temporary SQLite store."""
+"""Shared fixtures: single-threaded torch, no stop carried over between tests, and tracking pointed at a temporary
+SQLite store."""
 
 from __future__ import annotations
 
@@ -27,6 +28,15 @@ def load_script(path: str) -> ModuleType:
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _unstopped():
+    """Each test starts as a fresh command would: no stop signal recorded by an earlier test that signalled this
+    process (a recorded stop makes a run end KILLED and a command exit 128 + the signal)."""
+    from nope_lightning.runtime import stopping
+
+    stopping.begin()
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""Paper 002's attention claim and its NoPE-vs-NoPE floor (``analysis.attention_claims``,
-``analysis.synthetic_grid.floor_partner`` / ``analyse_attention(floor=...)`` / ``task_attention``): the floor pairs each seed
+"""Paper 002's attention claim and its NoPE-vs-NoPE floor (``analysis.synthetic.attention_claims``,
+``analysis.synthetic.grid.floor_partner`` / ``analyse_attention(floor=...)`` / ``task_attention``): the floor pairs each seed
 with the one before it and is the min-head JSD between two NoPE models on one seed's inputs; the claim gives each
 verdict on made-up per-seed JSDs, its numbers checked against Student t by hand; the per-layer table's intervals and
 floor; and result files written before the floor load with it empty."""
@@ -14,16 +14,15 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from nope_lightning.analysis.attention_claims import (
+from nope_lightning.analysis.synthetic.attention_claims import (
     FLOOR,
     T5_CLOSEST,
     T5_OVER_FLOOR,
     attention_table,
     evaluate_attention_claims,
 )
-from nope_lightning.analysis.claims import NO_SEED_VERDICT
-from nope_lightning.analysis.synthetic_claims import claims_table
-from nope_lightning.analysis.synthetic_grid import (
+from nope_lightning.analysis.synthetic.claims import claims_table
+from nope_lightning.analysis.synthetic.grid import (
     AttentionReport,
     analyse_attention,
     analysis_sequences,
@@ -32,6 +31,7 @@ from nope_lightning.analysis.synthetic_grid import (
     min_head_jsd,
     task_attention,
 )
+from nope_lightning.analysis.verdicts import NO_SEED_VERDICT
 from nope_lightning.config import load_config
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
 from nope_lightning.results.synthetic import SeedAttention, SyntheticGridResult, TaskAttention

@@ -200,7 +200,7 @@ def test_a_store_two_missing_folders_deep_is_refused(tmp_path):
 
 def _lines_of_a_run(capsys, total: int, seconds_per_step: float, steps: int) -> list[str]:
     now = [0.0]
-    bar = progress.StepProgressBar(clock=lambda: now[0])
+    bar = progress.StepProgressBar(clock=lambda: now[0], load=lambda: (0.5, 0.5, 0.5))  # a quiet machine
     bar._lines = True  # stderr is a log file
     bar.get_metrics = lambda *_: {}
     bar._start, bar._written = (0.0, 0), (-1, 0.0)

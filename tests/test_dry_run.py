@@ -286,3 +286,46 @@ def test_an_irope_temperature_on_a_model_without_nope_layers_fails_the_dry_run(d
     steps[0]["overrides"].append("model.nope_every=2")  # one NoPE layer in two: accepted
     path.write_text(yaml.safe_dump({"name": "irope", "steps": steps}))
     assert dry_run(path)["problems"] == []
+
+
+def test_dry_run_marks_the_steps_a_store_finished_and_writes_nothing(tmp_path, data_cache, monkeypatch, capfd):
+    """A two-step pipeline runs into a tmp store; its dry run then marks both steps done (the evaluation's hash is
+    the real one only because the pretraining's recorded result resolves its checkpoint), a file with one more step
+    marks the two as reusable and the new one not, and neither dry run adds a run; a store that does not exist
+    stays uncreated."""
+    from mlflow.tracking import MlflowClient
+
+    from nope_lightning.runtime.progress import duration
+
+    monkeypatch.chdir(tmp_path)  # checkpoints go under ./mlruns
+    evaluate = ('{id: eval_nope, stage: evaluate, model: pretrain_nope, overrides: ["eval_lengths=[64]", '
+                'ppl_tokens=64, passkey_keys=0, longctx_samples=0, position_windows=0, plots=false, bootstrap=100]}')
+    text = (f"name: eta_store\nreport: false\nsteps:\n  - {{id: pretrain_nope, stage: pretrain, config: {REPO}/conf/pretrain/tiny.yaml,"
+            f" overrides: [trainer.max_steps=4, trainer.val_every_n_steps=0]}}\n  - {evaluate}\n")
+    (tmp_path / "two.yaml").write_text(text)
+    (tmp_path / "three.yaml").write_text(text + "  - " + evaluate.replace("id: eval_nope", "id: eval_again")
+                                         .replace("ppl_tokens=64", "ppl_tokens=128") + "\n")
+    store = [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.artifact_root={tmp_path}/artifacts",
+             f"common=[trainer.progress_bar=false,data.cache_dir={data_cache}]"]
+    ran = run_stage("pipeline", stage_config("pipeline", str(tmp_path / "two.yaml"), store))
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = len(client.search_runs([e.experiment_id for e in client.search_experiments()]))
+    capfd.readouterr()
+
+    plan = run_stage("pipeline", stage_config("pipeline", str(tmp_path / "two.yaml"), [*store, "dry_run=true"]))
+    done = f"done under this file's pipeline run {ran['run_id']}"
+    assert [s["finished"] for s in plan["steps"]] == [done, done]
+    assert plan["finished_steps"] == 2 and plan["remaining_s"] == 0.0 and plan["estimate_s"] > 0
+    shown = duration(plan["steps"][1]["estimate_s"])
+    assert f"pipeline [2/2] evaluate eval_nope: dry run: ok; estimate {shown}; {done}\n" in capfd.readouterr().err
+
+    plan = run_stage("pipeline", stage_config("pipeline", str(tmp_path / "three.yaml"), [*store, "dry_run=true"]))
+    reused = f"finished under pipeline run {ran['run_id']}, would be reused"
+    assert [s["finished"] for s in plan["steps"]] == [reused, reused, ""]
+    assert plan["remaining_s"] == pytest.approx(plan["steps"][2]["estimate_s"], abs=0.1)
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == runs
+
+    (tmp_path / "empty").mkdir()
+    missing = [f"tracking.uri=sqlite:///{tmp_path}/empty/mlflow.db", "dry_run=true"]
+    plan = run_stage("pipeline", stage_config("pipeline", str(tmp_path / "two.yaml"), missing))
+    assert [s["finished"] for s in plan["steps"]] == ["", ""] and list((tmp_path / "empty").iterdir()) == []

@@ -251,3 +251,48 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     layers = (("pkg.low",), ("pkg.mid",), ("pkg.high",))
     assert layer_of("pkg.mid", layers) == 1 and layer_of("pkg.other", layers) is None
     assert upward(package_imports(tmp_path / "pkg"), layers) == ["pkg.low (1) -> pkg.high (3)"]
+
+
+#: Inside ``analysis/``, one subfolder per paper (``lengthgen``: paper 001 and the hybrids; ``synthetic``: paper
+#: 002) and, in the folder itself, what both papers' reports use. A shared module imports no paper's module, and one
+#: paper's modules import none of the other's, so either paper's analysis can change without touching the other.
+ANALYSIS, PAPER_ROOMS = "nope_lightning.analysis", ("lengthgen", "synthetic")
+
+
+def analysis_room(module: str, analysis: str = ANALYSIS, rooms: tuple[str, ...] = PAPER_ROOMS) -> str | None:
+    """The paper subfolder ``module`` sits in, '' for a shared analysis module, None outside ``analysis``."""
+    if module != analysis and not module.startswith(analysis + "."):
+        return None
+    first = module[len(analysis) + 1:].split(".")[0]
+    return first if first in rooms else ""
+
+
+def crossings(found: list[Import], analysis: str = ANALYSIS, rooms: tuple[str, ...] = PAPER_ROOMS) -> list[str]:
+    """``importer -> target`` for every import of a paper's analysis module by a shared one or by the other
+    paper's."""
+    return sorted({f"{i.importer} -> {i.target}" for i in found
+                   if (source := analysis_room(i.importer, analysis, rooms)) is not None
+                   and (room := analysis_room(i.target, analysis, rooms)) and source != room})
+
+
+def test_each_paper_has_its_analysis_room_and_the_shared_modules_import_neither():
+    root = REPO / "nope_lightning" / "analysis"
+    assert sorted(p.parent.name for p in root.glob("*/__init__.py")) == sorted(PAPER_ROOMS), \
+        "analysis subfolders and PAPER_ROOMS differ (a new subfolder is a paper's room: add it)"
+    arrows = crossings(package_imports(REPO / "nope_lightning"))
+    assert not arrows, "imports of a paper's analysis from a shared module or the other paper's:\n" + "\n".join(arrows)
+
+
+def test_the_room_check_sees_a_shared_module_or_the_other_paper_importing_a_paper(tmp_path):
+    files = {"__init__.py": "", "an/__init__.py": "", "an/shared.py": "from pkg.an.one import a\n",
+             "an/one/__init__.py": "", "an/one/a.py": "from pkg.an import shared\n",
+             "an/two/__init__.py": "", "an/two/b.py": "from pkg.an.one import a\nfrom pkg.an import shared\n",
+             "user.py": "from pkg.an.two import b\n"}
+    for name, text in files.items():
+        (tmp_path / "pkg" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pkg" / name).write_text(text)
+    rooms = ("one", "two")
+    assert [analysis_room(m, "pkg.an", rooms) for m in ("pkg.an.one.a", "pkg.an.shared", "pkg.an", "pkg.user")] == \
+        ["one", "", "", None]
+    assert crossings(package_imports(tmp_path / "pkg"), "pkg.an", rooms) == ["pkg.an.shared -> pkg.an.one.a",
+                                                                             "pkg.an.two.b -> pkg.an.one.a"]

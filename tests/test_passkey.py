@@ -140,7 +140,7 @@ def test_each_outcome_records_its_answer_s_token_count_and_the_header_places_the
 
     import torch
 
-    from nope_lightning.analysis.tables import answer_label, key_tokens
+    from nope_lightning.analysis.lengthgen.tables import answer_label, key_tokens
     from nope_lightning.config import EvaluateConfig, ModelConfig
     from nope_lightning.eval.passkey import run_passkey
     from nope_lightning.model import GPT

@@ -148,7 +148,8 @@ def dead(pid: int) -> bool:
 
 def test_a_stopped_pipeline_kills_its_steps_process_group(tmp_path):
     """SIGTERM to the pipeline while it waits for a step: the step and what the step started are killed."""
-    from nope_lightning.pipeline.runner import kill_group, signals_raise
+    from nope_lightning.pipeline.runner import kill_group
+    from nope_lightning.runtime.stopping import signals_raise
 
     pid_file = tmp_path / "grandchild"
     proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
@@ -347,7 +348,7 @@ def test_fields_added_later_leave_a_store_s_finished_steps_finished(tmp_path):
     for key in ("layer_pattern", "nope_every", "layer_windows", "rope_window"):
         assert f"{key}:" in old_yaml  # the fields exist in today's schema ...
     stripped = "\n".join(line for line in old_yaml.splitlines() if not re.match(
-        r"\s*(irope_beta|irope_floor|layer_pattern|nope_every|layer_windows|rope_window|reset_layers|fused|past_only|uniform_search|uniform_search_len|padding_multiple|tokenizer|engine):", line)) + "\n"
+        r"\s*(irope_beta|irope_floor|layer_pattern|nope_every|layer_windows|rope_window|reset_layers|fused|past_only|uniform_search|uniform_search_len|padding_multiple|tokenizer|engine|checkpoint_minutes|embedding_init):", line)) + "\n"
     # activation checkpointing was a bool, true by default, before "auto" became its default
     stripped = stripped.replace("activation_checkpointing: auto", "activation_checkpointing: true")
     # ... and the hash a store recorded before them (the yaml without them) is still today's

@@ -19,7 +19,7 @@ import optuna
 import pytest
 
 from nope_lightning import cli
-from nope_lightning.analysis.log_law import fit_log_scale
+from nope_lightning.analysis.lengthgen.log_law import fit_log_scale
 from nope_lightning.config import TrackingConfig
 from nope_lightning.model.checkpoint import load_model
 from nope_lightning.model.extension import BETA_UNITS, scale_search_for

@@ -9,17 +9,13 @@ from html.parser import HTMLParser
 
 import pytest
 
-from nope_lightning.analysis.claims import Outcome, evaluate_claim
-from nope_lightning.analysis.markdown import html_page
-from nope_lightning.analysis.report_sections import RECIPE_KEYS, claims_table, recipe_section, search_section
-from nope_lightning.analysis.tables import (
-    MISSING,
-    Methods,
-    ablation_table,
-    paired_table,
-    passkey_table,
-    ppl_tables,
-)
+from nope_lightning.analysis.lengthgen.claims import evaluate_claim
+from nope_lightning.analysis.lengthgen.report_sections import claims_table, search_section
+from nope_lightning.analysis.lengthgen.tables import ablation_table, paired_table, passkey_table, ppl_tables
+from nope_lightning.analysis.markdown import MISSING, html_page
+from nope_lightning.analysis.report_frame import RECIPE_KEYS, recipe_section
+from nope_lightning.analysis.sources import Methods
+from nope_lightning.analysis.verdicts import Outcome
 from nope_lightning.config import PipelineConfig, PipelineStep, ScaleSearchConfig, load_config
 from nope_lightning.config.paper import CLAIMS_BY_ID, TABLE4
 from nope_lightning.eval.summary import octaves
@@ -272,14 +268,14 @@ def test_a_cell_holding_a_pipe_renders_in_its_own_column_of_the_html_report(tmp_
     parser = _Cells()
     parser.feed(page)
     (rows,) = parser.tables
-    assert len(rows) == 3 and set(rows) == {10}, rows  # header + 2 rows, each with the header's 10 cells
+    assert len(rows) == 3 and set(rows) == {12}, rows  # header + 2 rows, each with the header's 12 cells
     assert "<td>|effect| &lt;= 0.0953 nats</td>" in page
 
 
 def test_the_key_nll_table_averages_each_seed_s_prompts_then_the_seeds():
     from scipy import stats
 
-    from nope_lightning.analysis.tables import key_nll_table
+    from nope_lightning.analysis.lengthgen.tables import key_nll_table
 
     def with_nll(passkey: list[bool], nll: list[float] | None) -> EvaluationResult:
         data = run_result(3.0, passkey=passkey).to_dict()
@@ -333,9 +329,10 @@ def test_every_figure_the_report_draws_has_a_title_of_its_own_and_a_caption_nami
     searches = {"search_nope": {1234: SEARCH, 2345: SEARCH}}
     headscales = {"headscale_4x": {2345: HEADSCALE, 1234: HEADSCALE},
                   "headscale_4x_noinit": {1234: HEADSCALE}}
-    methods = Methods(nope_family=frozenset({"nope", "nope lambda=1.5", "headscale 4x"}))
+    methods = Methods(reference="nope", nope_family=frozenset({"nope", "nope lambda=1.5", "headscale 4x"}))
     _, figures = point_sections(evals, searches, headscales, [], 100, methods)
-    assert sorted(figures) == ["headscale_4x-entropy_vs_lambda.png",
+    assert sorted(figures) == ["entropy_heads_by_position.png", "entropy_heads_past_L.png",
+                               "headscale_4x-entropy_vs_lambda.png",
                                "headscale_4x_noinit-entropy_vs_lambda.png", "lambda_fit_s1234.png",
                                "lambda_fit_s2345.png", "passkey_heatmaps.png",
                                "position_curves_baselines.png", "position_curves_nope.png"]
@@ -347,7 +344,8 @@ def test_every_figure_the_report_draws_has_a_title_of_its_own_and_a_caption_nami
     assert all(re.search(r"\bseeds? \d", caption) for caption in captions.values()), captions
     nope = captions["position_curves_nope.png"]
     assert "mean over seeds 1234, 2345 (`nope lambda=1.5`: seed 1234 only)" in nope
-    assert "of `rope`, mean over seeds 1234, 2345;" in captions["position_curves_baselines.png"]
+    assert "of `nope`, `rope`, mean over seeds 1234, 2345;" in captions["position_curves_baselines.png"]
+    assert "of `nope` per head (Fig 10)" in captions["entropy_heads_by_position.png"]  # the reference's
 
 
 @pytest.mark.parametrize("study", BUNDLED)

@@ -5,16 +5,20 @@ the cards make; the README stays a front door."""
 from __future__ import annotations
 
 import re
-from collections import Counter
 
 import pytest
 
-from nope_lightning.results.studies import VERDICTS, StudyCard, find_studies, read_card, results_table
+from nope_lightning.results.studies import (
+    StudyCard,
+    find_studies,
+    read_card,
+    results_table,
+    verdict_counts,
+)
 from tests.conftest import REPO
 from tests.test_readme import cited_tables
 
 STUDIES = find_studies(REPO / "experiments")
-VERDICT_CELL = re.compile(r"\| \*\*(" + "|".join(VERDICTS) + r")\*\* \|$")
 
 
 def test_every_study_folder_has_a_card_and_its_files():
@@ -35,19 +39,29 @@ def test_a_card_counts_the_verdicts_its_readme_shows_from_its_report(study):
     """The README's claims table is its report's verbatim (test_readme); its verdict cells, counted here, are the
     card's counts (a study whose report tests no claims has none)."""
     readme = study.folder / "README.md"
-    cells = Counter(match.group(1) for cited, table in cited_tables(readme) if cited == "results/report.md"
-                    for line in table.splitlines() if (match := VERDICT_CELL.search(line)))
-    assert dict(cells) == study.card.verdicts
+    shown = "\n".join(table for cited, table in cited_tables(readme) if cited == "results/report.md")
+    assert verdict_counts(shown) == study.card.verdicts
 
 
-def test_the_front_door_is_short_has_one_main_command_and_the_cards_results_table():
+def test_the_front_door_is_short_a_first_result_then_one_main_command_and_the_cards_results_table():
     text = (REPO / "README.md").read_text()
     assert len(text.splitlines()) <= 250
     quick_start = text[text.index("## Quick start"):text.index("## Stages")]
-    assert re.findall(r"^nope-lightning run pipeline \S+", quick_start, flags=re.M) == [
-        "nope-lightning run pipeline experiments/regime_study/regime_study.yaml"]
+    commands = re.findall(r"^nope-lightning run pipeline \S+", quick_start, flags=re.M)
+    # the first result comes from the tiny study (a minute); the real job, after it, is the headline study alone
+    assert commands[0] == "nope-lightning run pipeline experiments/tiny/tiny.yaml"
+    assert set(commands[1:]) == {"nope-lightning run pipeline experiments/regime_study/regime_study.yaml"}
     assert "\npython -m pytest -q\n" in quick_start  # what .ci/run runs
     assert results_table(STUDIES) in text
+
+
+def test_verdict_counts_know_partial_and_no_verdict():
+    table = ("| claim | verdict |\n|---|---|\n| a | **reproduced** |\n| b | **partial**: +0.549 of the gap, paper "
+             "+0.971 |\n| c | **4 seeds: no verdict (fewer than 5)** |\n| d | **1 seed: no verdict about seeds** |\n"
+             "| e | **untestable** |\n| f | **13.5 min**, alone |\n| g | **reproduced** |")
+    assert verdict_counts(table) == {"reproduced": 2, "partial": 1, "no verdict": 2, "untestable": 1}
+    card = StudyCard("Why?", verdicts={"untestable": 1, "no verdict": 2, "partial": 1, "reproduced": 2})
+    assert card.verdict_line() == "2 reproduced, 1 partial, 2 no verdict, 1 untestable"
 
 
 def test_a_card_is_checked(tmp_path):

@@ -1,4 +1,4 @@
-"""Paper 002's claims on made-up grid results (``analysis.synthetic_claims``): every claim gives each verdict it can
+"""Paper 002's claims on made-up grid results (``analysis.synthetic.claims``): every claim gives each verdict it can
 (an effect in every seed -> reproduced, its opposite -> not reproduced, seeds that disagree -> inconclusive, fewer
 than four learned tasks -> too few tasks learned; one seed -> no verdict about seeds), superiority read as the paper
 states it, our MRR and its crossed bootstrap against an enumeration by hand, the paper's MRR against the reference's
@@ -16,10 +16,8 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from nope_lightning.analysis.claim_tests import NotMeasured
-from nope_lightning.analysis.claims import NO_SEED_VERDICT
-from nope_lightning.analysis.synthetic_cells import CellIndex, exact_match
-from nope_lightning.analysis.synthetic_claims import (
+from nope_lightning.analysis.synthetic.cells import CellIndex, exact_match
+from nope_lightning.analysis.synthetic.claims import (
     EM_EFFECT,
     MIN_TASKS,
     PAPER_TASKS,
@@ -32,8 +30,9 @@ from nope_lightning.analysis.synthetic_claims import (
     mrr_intervals,
     paper_way_mrr,
 )
-from nope_lightning.analysis.synthetic_grid import PAPER_ROW_ORDER, mrr_row_order, mrr_with_ties, paper_mrr
-from nope_lightning.analysis.synthetic_tables import exact_match_table
+from nope_lightning.analysis.synthetic.grid import PAPER_ROW_ORDER, mrr_row_order, mrr_with_ties, paper_mrr
+from nope_lightning.analysis.synthetic.tables import exact_match_table
+from nope_lightning.analysis.verdicts import NO_SEED_VERDICT, NotMeasured
 from nope_lightning.config import load_config
 from nope_lightning.config.paper import SYNTHETIC_MRR
 from nope_lightning.config.synthetic import SyntheticConfig
@@ -220,7 +219,7 @@ def test_a_task_is_learned_when_four_pes_reach_the_floor_counted_inclusively():
 
 
 def test_the_learned_table_and_the_claims_let_in_the_same_tasks():
-    from nope_lightning.analysis.synthetic_learned import learned_table
+    from nope_lightning.analysis.synthetic.learned import learned_table
 
     # copy: APE alone below the floor (learned); reverse: APE and Rotary (not); addition: 0.9 exactly for four
     misses = {("copy", "sinusoidal"): 0.24, ("reverse", "sinusoidal"): 0.3, ("reverse", "rope"): 0.89,
@@ -235,7 +234,7 @@ def test_the_learned_table_and_the_claims_let_in_the_same_tasks():
 
 def test_a_task_with_some_of_its_seeds_run_is_left_out_and_named_not_every_comparison():
     # a study spanning sessions commits sort's seed-0 slice before its others: the complete tasks keep their verdicts
-    from nope_lightning.analysis.synthetic_tables import mrr_table
+    from nope_lightning.analysis.synthetic.tables import mrr_table
 
     ood = SCENARIOS["nope_highest_mrr"][0]
     whole = grid(ood, tasks=TASKS[:-1])

@@ -1,4 +1,4 @@
-"""Paper 002's report figures over several grids (``analysis.synthetic_figures``): per-length exact match is the mean
+"""Paper 002's report figures over several grids (``analysis.synthetic.figures``): per-length exact match is the mean
 over seeds of every grid's cells, one panel per (task, scratchpad); the JSD figure plots each PE's per-layer mean
 over seeds beside the floor; attended-distance histograms sum the grids' counts per (task, scratchpad). Each
 comes with the caption the report prints under it, naming the seeds it draws."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nope_lightning.analysis.synthetic_figures import (
+from nope_lightning.analysis.synthetic.figures import (
     accuracy_by_length,
     distance_histograms,
     jsd_by_layer,

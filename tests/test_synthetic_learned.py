@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from nope_lightning.analysis.synthetic_claims import PAPER_TASKS
-from nope_lightning.analysis.synthetic_learned import LEARNED_BY, learned_table
+from nope_lightning.analysis.synthetic.claims import PAPER_TASKS
+from nope_lightning.analysis.synthetic.learned import LEARNED_BY, learned_table
 from tests.test_synthetic_claims import make_cell
 
 PES = ("nope", "t5", "alibi", "rope", "sinusoidal")

@@ -13,7 +13,7 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-from nope_lightning.analysis.synthetic_grid import (
+from nope_lightning.analysis.synthetic.grid import (
     attended_distance_hist,
     attended_distances,
     jsd,

@@ -21,7 +21,7 @@ construction stops recovering every position exactly near t = 190.
 
 **Probe.** A tiny NoPE model trained here (a few seconds) to predict an end-of-sequence token whose hazard
 rises with position, on i.i.d. content tokens — so only the causal mask can tell it where it is — gets a
-ridge read-out of ln(t + 1) from its first layer's residual output (``analysis/position_probe.py``) with
+ridge read-out of ln(t + 1) from its first layer's residual output (``analysis/synthetic/position_probe.py``) with
 R^2 0.992 on held-out sequences inside its training length (L = 32), against -0.026 for the shuffled-target
 control and 0.431 for the same probe on the untrained model (whose mask already leaks some position). Past L
 (positions 32..127) the same read-out scores R^2 -0.52: the linear read-out fit inside L does not extrapolate
@@ -40,7 +40,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nope_lightning.analysis.position_probe import (
+from nope_lightning.analysis.synthetic.position_probe import (
     fit_ridge,
     hidden_states,
     module_output,

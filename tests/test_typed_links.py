@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from nope_lightning.config.core import to_dict
-from nope_lightning.pipeline import dry_run, runner
+from nope_lightning.pipeline import dry_run, store
 from nope_lightning.pipeline.inputs import as_inputs, input_key
 from nope_lightning.pipeline.steps import expand, pipeline_hash, step_config, step_hash
 from nope_lightning.runtime import tracking
@@ -141,7 +141,7 @@ def test_the_pipeline_hash_counts_typed_inputs_as_the_text_they_stand_for(files)
     assert [as_inputs(step) for step in text.steps] == typed.steps  # the text form read as typed inputs
     # A reference written after another override: another file's text, the same pipeline once read as typed inputs.
     moved = written_later(text)
-    assert pipeline_hash(moved) != pipeline_hash(typed) and runner.typed_hash(moved) == runner.typed_hash(typed)
+    assert pipeline_hash(moved) != pipeline_hash(typed) and store.typed_hash(moved) == store.typed_hash(typed)
 
 
 def written_later(text):
@@ -236,15 +236,15 @@ def test_a_step_reading_a_broken_step_is_not_blamed_for_it(tmp_path, monkeypatch
 def test_a_parent_run_logged_with_text_references_is_the_typed_files_parent(files, tmp_path):
     """The same file before its references became typed inputs: its parent run resumes (no new parent, every
     finished step's records kept), though the position of its references gave it another ``pipeline_hash``."""
-    store = [f"tracking.uri=sqlite:///{tmp_path}/store.db", f"tracking.artifact_root={tmp_path}/artifacts"]
-    typed, text = (stage_config("pipeline", str(path), store) for path in files)
+    where = [f"tracking.uri=sqlite:///{tmp_path}/store.db", f"tracking.artifact_root={tmp_path}/artifacts"]
+    typed, text = (stage_config("pipeline", str(path), where) for path in files)
     text = written_later(text)
     parent = tracking.create_run(text.tracking, "pipeline", text.name, text)
     tracking.client(text.tracking).set_tag(parent, "pipeline_hash", pipeline_hash(text))
     assert pipeline_hash(typed) != pipeline_hash(text)
-    assert runner.find_parent(typed, pipeline_hash(typed)) == parent
+    assert store.find_parent(typed, pipeline_hash(typed)) == parent
     other = dataclasses.replace(typed, steps=typed.steps[:-1])  # another pipeline of the same name
-    assert runner.find_parent(other, pipeline_hash(other)) is None
+    assert store.find_parent(other, pipeline_hash(other)) is None
 
 
 def test_a_tiny_pipeline_hands_its_steps_the_text_forms_values(tmp_path, data_cache):
@@ -257,14 +257,14 @@ def test_a_tiny_pipeline_hands_its_steps_the_text_forms_values(tmp_path, data_ca
     links = {typed["id"]: text for typed, text in STEPS}
     typed = write(tmp_path, "typed", steps, report=False)
     twin = write(tmp_path, "text", [text_form(step, links[step["id"]]) for step in steps], report=False)
-    store = [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.artifact_root={tmp_path}/artifacts",
+    where = [f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", f"tracking.artifact_root={tmp_path}/artifacts",
              f"common=[trainer.progress_bar=false,data.cache_dir={data_cache}]"]
     os.chdir(tmp_path)
     try:
-        result = run_stage("pipeline", stage_config("pipeline", str(typed), store))
+        result = run_stage("pipeline", stage_config("pipeline", str(typed), where))
     finally:
         os.chdir(Path(__file__).parents[1])
-    cfg = stage_config("pipeline", str(twin), store)
+    cfg = stage_config("pipeline", str(twin), where)
     records = tracking.step_records(cfg.tracking, result["run_id"])
     results = {step: record["result"] for step, record in records.items()}
     for instance in expand(cfg):

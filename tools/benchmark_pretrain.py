@@ -14,8 +14,12 @@ Prints, for one model/batch/data configuration (default: the ``small`` CPU recip
    machine cannot inflate by preempting us) and wall clock, and the compile time (warm-up steps' wall time
    beyond steady steps). Inductor compiles in this process (``compile_threads=1``).
 
+5. with ``--busy`` (instead of 1-4): the stage as DDP 2 processes x 1 thread vs one process x 2 threads, on a quiet
+   machine and beside ``--hogs`` busy-loop processes (competing work that wants the cores), each setting's
+   tokens/s and the DDP / one-process ratio side by side, with the load average each phase ran under.
+
 Usage: ``python tools/benchmark_pretrain.py [pretrain overrides ...] [--steps 30] [--warmup 5]
-[--repeats 2] [--compile]``. Timing excludes the first ``--warmup`` steps (allocator and kernel warm-up) and all
+[--repeats 2] [--compile | --busy [--hogs 2]]``. Timing excludes the first ``--warmup`` steps (allocator and kernel warm-up) and all
 validation; each setting keeps the best of ``--repeats`` interleaved runs.
 """
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
 import os
 import tempfile
 import time
@@ -139,6 +144,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="compare eager and compiled loops only")
     parser.add_argument("--compile-threads", type=int, default=1,
                         help="intra-op threads of the compile comparison (1: one DDP process's share of 2 cores)")
+    parser.add_argument("--busy", action="store_true", help="DDP vs one process, quiet and beside busy loops")
+    parser.add_argument("--hogs", type=int, default=2, help="busy-loop processes of --busy's loaded phase")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg = load_config(PretrainConfig, args.config, args.overrides)
@@ -147,6 +154,9 @@ def main() -> None:
     vocab = prepared.tokenizer.vocab_size
     if args.compile:
         compile_comparison(cfg, vocab, tokens, args)
+        return
+    if args.busy:
+        busy_comparison(cfg, prepared, args)
         return
     flops = model_flops_per_token(GPT(cfg.model, vocab, cfg.train_len), cfg.train_len)
 
@@ -175,6 +185,45 @@ def main() -> None:
     for threads in (1, 2):
         ratio = rows[f"stage, {threads} thread(s)"] / rows[f"bare loop, {threads} thread(s)"]
         print(f"stage / bare loop at {threads} thread(s): {ratio:.3f} (goal >= 0.95)")
+
+
+def spin() -> None:
+    """A competing job: one core's worth of busy loop, until terminated."""
+    while True:
+        pass
+
+
+def busy_comparison(cfg: PretrainConfig, prepared, args: argparse.Namespace) -> None:
+    """Part 5: DDP 2 x 1 thread vs 1 process x 2 threads, quiet and beside ``args.hogs`` busy loops; best of
+    ``--repeats`` interleaved runs per (phase, setting)."""
+    settings = {"DDP 2 processes x 1 thread": (1, 2), "1 process x 2 threads": (2, 1)}
+    rows: dict[tuple[str, str], float] = {}
+    loads: dict[str, list[float]] = {"quiet": [], "busy": []}
+    for phase in ("quiet", "busy"):
+        hogs = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.hogs if phase == "busy" else 0)]
+        for hog in hogs:
+            hog.start()
+        try:
+            for _ in range(args.repeats):
+                for name, (threads, devices) in settings.items():
+                    tps = stage_loop(cfg, prepared, args.steps, args.warmup, threads, devices=devices)
+                    rows[phase, name] = max(rows.get((phase, name), 0.0), tps)
+                    loads[phase].append(os.getloadavg()[0])
+        finally:
+            for hog in hogs:
+                hog.terminate()
+                hog.join()
+    print(f"\nmodel: {cfg.model.n_layer} layers x {cfg.model.n_embd}, T={cfg.train_len}, batch={cfg.batch_size}; "
+          f"{args.steps} steps ({args.warmup} warm-up), best of {args.repeats}; torch {torch.__version__}, "
+          f"{os.cpu_count()} CPUs; busy: {args.hogs} busy-loop processes beside the run")
+    print(f"{'setting':28s} {'quiet tok/s':>11s} {'busy tok/s':>10s} {'busy/quiet':>10s}")
+    for name in settings:
+        quiet, busy = rows["quiet", name], rows["busy", name]
+        print(f"{name:28s} {quiet:11.0f} {busy:10.0f} {busy / quiet:10.2f}")
+    for phase in ("quiet", "busy"):
+        ratio = rows[phase, "DDP 2 processes x 1 thread"] / rows[phase, "1 process x 2 threads"]
+        print(f"{phase}: DDP / one process {ratio:.2f}; 1-minute load average after each run "
+              + ", ".join(f"{load:.1f}" for load in loads[phase]))
 
 
 def compile_comparison(cfg: PretrainConfig, vocab: int, tokens, args: argparse.Namespace) -> None:

@@ -1,18 +1,32 @@
 """Markdown tables written in one place, so that a cell holding ``|`` (a rule such as ``|effect| <= 0.1``, a
 method label) stays in its own column in every renderer (python-markdown, GitHub, a browser's view of the
-HTML report): the pipe is escaped as ``\\|``, which renders as ``|``; and the report's markdown as one HTML page.
+HTML report): the pipe is escaped as ``\\|``, which renders as ``|``; a number with its interval written as
+every table of both papers writes it (``cell``: "—" when missing, marked when the interval misses its
+estimate); and the report's markdown as one HTML page.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import markdown
+
+from nope_lightning.numerics.stats import Interval
+
+MISSING = "—"
+
+
+#: Marks an interval that does not contain its own estimate (``Interval.covers_estimate``).
+BIASED = "†"
+BIASED_NOTE = (f"{BIASED} The estimate lies outside its bootstrap interval: resampling biases this statistic (a "
+               "non-smooth one, such as an R^2 of per-position best-lambda fits), so the interval shows the spread, "
+               "not where the value lies.")
 
 
 def escape(cell: Any) -> str:
@@ -24,6 +38,23 @@ def render(header: Sequence[Any], rows: Sequence[Sequence[Any]]) -> str:
     """``| a | b |`` lines: the header, the rule, one line per row (no trailing newline)."""
     lines = ["| " + " | ".join(map(escape, header)) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(map(escape, row)) + " |" for row in rows])
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    """A markdown table (cells escaped: ``render``); a footnote follows it when a cell carries
+    the ``BIASED`` mark."""
+    note = any(BIASED in str(c) for row in rows for c in row)
+    return render(header, rows) + (f"\n\n{BIASED_NOTE}" if note else "")
+
+
+def cell(interval: Interval | None, show: Callable[[float], str] = "{:.2f}".format) -> str:
+    """'estimate [low, high]', marked ``BIASED`` when the interval misses its estimate; '—' when missing."""
+    if interval is None or math.isnan(interval.estimate):
+        return MISSING
+    if math.isnan(interval.low) or math.isnan(interval.high):
+        return show(interval.estimate)
+    mark = "" if interval.covers_estimate else BIASED
+    return f"{show(interval.estimate)} [{show(interval.low)}, {show(interval.high)}]{mark}"
 
 
 class Footnotes:

@@ -1,6 +1,7 @@
 """The report's frame around its sections: a title naming the study, every figure with a caption saying what
-it shows and over which seeds, and the provenance (each pipeline run read, with its id, day and source) at the
-end, so that a report opens on what it studies rather than on a line of run ids.
+it shows and over which seeds, the pre-training recipe of the models (``recipe_section``), and the provenance
+(each pipeline run read, with its id, day and source) at the end, so that a report opens on what it studies
+rather than on a line of run ids.
 
 The study's name (``study_name``) is the ``_``-separated words every pipeline's name starts with: a study
 split into files or seed slices names them after itself (``regime_study`` with ``regime_study_s5678``, …;
@@ -13,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from nope_lightning.analysis.markdown import render
-from nope_lightning.analysis.tables import MISSING
+from nope_lightning.analysis.markdown import MISSING, markdown_table, render
+from nope_lightning.results.bundle import Recipe
 
 
 class Plot(NamedTuple):
@@ -92,3 +93,21 @@ def provenance_section(runs: Sequence[tuple[str, str, str]], dates: Mapping[str,
             "none).\n\n"
             + "\n\n".join(f"From the {origin}:\n\n" + render(["pipeline", "run id", "ran (UTC day)"], rows)
                            for origin, rows in by_origin.items()))
+
+
+RECIPE_KEYS = ("model.pos_encoding", "model.ssmax", "model.n_layer", "model.n_embd", "data.corpus", "train_len",
+               "batch_size", "trainer.devices", "trainer.max_steps", "tokens_per_parameter", "optim.lr",
+               "optim.min_lr_ratio", "retrieval.fraction", "retrieval.length", "seed")
+
+
+def recipe_section(pretrains: Sequence[Recipe]) -> str:
+    """Which pre-training recipe produced the models: every figure above depends on it. An unset setting arrives
+    as the string "None" (MLflow logs params as strings) and is printed as not set."""
+    if not pretrains:
+        return ""
+    rows = [[r.name, *[MISSING if r.params.get(k, "None") == "None" else r.params[k] for k in RECIPE_KEYS]]
+            for r in pretrains]
+    return ("### Pre-training recipe of the models above\n\n" + markdown_table(["run", *RECIPE_KEYS], rows)
+            + "\n\nA retrieval fraction above 0 means passkey sequences were mixed into pre-training (off in "
+              "the paper's recipe): passkey figures of such models measure a skill the model was taught inside "
+              "L, and how far past L it survives.")

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from nope_lightning.analysis import tables
-from nope_lightning.analysis.report_sections import RECIPE_KEYS
+from nope_lightning.analysis.report_frame import RECIPE_KEYS
+from nope_lightning.config import paper
 from nope_lightning.config.core import load_config
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
@@ -142,13 +142,48 @@ class BundleSource:
                        recipe=recipe)
 
 
+@dataclass(frozen=True)
+class Methods:
+    """What experiment files say of their methods (step labels) for the report: the ``reference`` every method
+    is paired against ('': none) and the ``more_references`` each with a paired table of its own, the paper row
+    each method is printed beside (``rows[table][method]``, ``table`` a key of ``paper.ROWS``), and the NoPE
+    family (drawn apart from the baselines)."""
+
+    reference: str = ""
+    rows: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    nope_family: frozenset[str] = frozenset()
+    more_references: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, *pipelines: PipelineConfig | None) -> Methods:
+        """The files' own (their steps' ``paper`` and ``family``; the references of the first file): a report over
+        several pipeline runs (a study split into files) knows every file's methods; none without a file."""
+        files = [p for p in pipelines if p is not None]
+        if not files:
+            return cls()
+        steps = {step.label or step.id: step for pipeline in files for step in pipeline.steps}
+        rows = {table: {m: step.paper[table] for m, step in steps.items() if table in step.paper}
+                for table in paper.ROWS}
+        return cls(files[0].reference, rows, frozenset(m for m, step in steps.items() if step.family == "nope"),
+                   tuple(files[0].more_references))
+
+    @property
+    def references(self) -> tuple[str, ...]:
+        """Every method a paired table compares with, the reference first."""
+        return tuple(m for m in (self.reference, *self.more_references) if m)
+
+    def paper_rows(self, table: str) -> Mapping[str, str]:
+        """method -> its row of the paper's ``table``."""
+        return self.rows.get(table, {})
+
+
 def open_sources(cfg: ReportConfig) -> list[StoreSource | BundleSource]:
     """``cfg.run`` (when given) and every ``also`` entry, in order."""
     return [BundleSource(Path(s)) if isinstance(s, Path) else StoreSource(*s) for s in cfg.sources]
 
 
 def pipeline_settings(cfg: ReportConfig, configs: list[Path | None]) -> tuple[list[str], dict[str, str], int,
-                                                                          list[str], tables.Methods]:
+                                                                          list[str], Methods]:
     """``(claims, sweep, bootstrap, matrix keys, methods)``: this config's, else the first pipeline's logged
     config's (``configs``: every source's experiment files, in order); what the files say of their methods
     always comes from all of them."""
@@ -157,7 +192,20 @@ def pipeline_settings(cfg: ReportConfig, configs: list[Path | None]) -> tuple[li
     claim_ids = cfg.claims if cfg.claims is not None else (first.claims if first else [])
     axes = cfg.sweep if cfg.sweep is not None else (first.sweep if first else {})
     resamples = cfg.bootstrap or (first.bootstrap if first else 1000)
-    return claim_ids, axes, resamples, list(first.matrix) if first else [], tables.Methods.of(*logged)
+    return claim_ids, axes, resamples, list(first.matrix) if first else [], Methods.of(*logged)
+
+
+def seed_days(configs: list[Path | None], run_ids: list[str], dates: Mapping[str, str]) -> dict[int | None, str]:
+    """Seed -> the day (ISO, UTC) its pipeline run started, from each pipeline's logged experiment file
+    (``configs``, in the order of ``run_ids``); a seed two runs share gets the earlier day; a file without seeds
+    runs seed None."""
+    days: dict[int | None, str] = {}
+    for path, run_id in zip(configs, run_ids, strict=False):
+        if path is None or run_id not in dates:
+            continue
+        for seed in load_config(PipelineConfig, path).seeds or [None]:
+            days[seed] = min(days.get(seed, dates[run_id]), dates[run_id])
+    return days
 
 
 @dataclass

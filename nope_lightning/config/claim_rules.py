@@ -53,6 +53,10 @@ def claim_problem(claim: Any) -> str:
     if claim.inference == "non-inferiority" and offset >= 0:
         return (f"{where}: a non-inferiority margin lies strictly beyond the null {claim.null:g} on the other "
                 f"side (got {claim.threshold:g}, side {claim.side!r})")
+    partial = getattr(claim, "partial", None)
+    if partial is not None and not 0 < (claim.threshold - partial) * direction <= offset:
+        return (f"{where}: its partial margin {partial:g} must lie between the null {claim.null:g} and its margin "
+                f"{claim.threshold:g}")
     if (claim.inference == "equivalence" or claim.scale == "log") and claim.threshold <= 0:
         return f"{where}: margin {claim.threshold:g} must be > 0 for {claim.inference} on the {claim.scale} scale"
     return ""

@@ -118,6 +118,11 @@ class AttentionTemperature:
                                  f"evaluate's extension.temperature.{key}")
 
 
+#: ``ModelConfig.embedding_init``'s choices: GPT-2's N(0, ``init_std``) token embeddings (APE's at N(0, 1)), or
+#: HF T5's N(0, 1) for every encoding.
+EMBEDDING_INITS = ("gpt2", "t5")
+
+
 @dataclass
 class ModelConfig:
     """Architecture of the causal LM (litgpt block: RMSNorm, SwiGLU MLP, grouped-query attention).
@@ -139,6 +144,8 @@ class ModelConfig:
     included: litgpt's ``sliding_window_size`` convention), 1 <= W <= ``max_positions``.
     ``padding_multiple``: the vocabulary tables' rows round up to a multiple of it (litgpt's); an imported Hugging
     Face model's is 1, so no untrained padding row takes softmax mass.
+    ``embedding_init``: the token embeddings' initial scale (``EMBEDDING_INITS``; why: ``model.gpt``): ``gpt2``,
+    N(0, ``init_std``) except APE (``sinusoidal``) at N(0, 1); ``t5``, N(0, 1) for every encoding.
     """
 
     n_layer: int = 4
@@ -162,9 +169,11 @@ class ModelConfig:
     layer_windows: list[int | None] = field(default_factory=list)
     rope_window: int | None = None
     padding_multiple: int = 64
+    embedding_init: str = "gpt2"
 
     def __post_init__(self) -> None:
         check_choice("model.pos_encoding", self.pos_encoding, POS_ENCODINGS)
+        check_choice("model.embedding_init", self.embedding_init, EMBEDDING_INITS)
         check_choice("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         for key in ("n_layer", "n_head", "n_embd", "intermediate_size", "max_positions", "padding_multiple"):
             check_range(f"model.{key}", getattr(self, key), 1)
@@ -280,6 +289,10 @@ class TrainerConfig:
     the run would not fit the device without it (``training.memory``: the model, batch and world size against the
     device's memory), ``true``/``false`` force it. ``compile`` compiles each transformer block
     (``training.module.compile_blocks``).
+
+    Checkpoints: ``step*.ckpt`` every ``checkpoint_every_n_steps`` optimizer steps, and ``last.ckpt`` (what a
+    rerun resumes) then and at least every ``checkpoint_minutes`` of training as well (0: by steps only), so a
+    stopped run loses at most that much work.
     """
 
     max_steps: int = 700
@@ -293,6 +306,7 @@ class TrainerConfig:
     val_batches: int = 16
     log_every_n_steps: int = 10
     checkpoint_every_n_steps: int = 350
+    checkpoint_minutes: float = 3.0
     accumulate_grad_batches: int = 1
     compile: bool = False
     progress_bar: bool = True
@@ -307,7 +321,7 @@ class TrainerConfig:
         for key in ("max_steps", "devices", "num_nodes", "val_batches", "log_every_n_steps",
                     "accumulate_grad_batches"):
             check_range(f"trainer.{key}", getattr(self, key), 1)
-        for key in ("threads", "val_every_n_steps", "checkpoint_every_n_steps"):
+        for key in ("threads", "val_every_n_steps", "checkpoint_every_n_steps", "checkpoint_minutes"):
             check_range(f"trainer.{key}", getattr(self, key), 0)
 
 

@@ -40,6 +40,11 @@ GRID_SET_KEYS = {"task": "tasks", "pos_encoding": "pos_encodings", "model.pos_en
 #: sets it for the whole grid (``base.scratchpad``) and reports it as its own point.
 FORMAT_KEYS = ("scratchpad", "train_max_len", "test_max_len", "eval")
 
+#: Fields of a grid's ``base`` that came after its first grids, at their defaults (``model.<key>``: ``base.model``'s),
+#: which ``SyntheticGridConfig.config_hash`` leaves out so that a grid started before them still finds its parent.
+ADDED_BASE_FIELDS = {"curriculum_steps": 0, "stop_at": 0.0, "stop_patience": 1, "n_id_test": 0,
+                     "model.embedding_init": "gpt2", "trainer.checkpoint_minutes": 3.0}
+
 #: The paper's five PEs in our names: NoPE, T5's relative bias, ALiBi, Rotary and APE (sinusoidal, as
 #: the reference's ``abs_sinusoid``; ``learned`` is our other absolute variant, not in the paper's grid).
 PAPER_PES = ("nope", "t5", "alibi", "rope", "sinusoidal")
@@ -111,6 +116,18 @@ class SyntheticConfig:
       0 keeps the task's default (copy/reverse 20 -> 40, arithmetic 8 -> 16, SCAN 25 -> 48).
     - ``n_train``/``n_valid``/``n_test``: examples per split (valid: in-distribution, for checkpoint
       selection; test: out of distribution, every length equally often).
+    - ``n_id_test``: examples of the held-out in-distribution test split (0: none), training lengths and
+      problems neither training nor validation holds (``synthetic.tasks``), decoded with the selected weights as
+      the OOD test is: so that "learned" and ID accuracy can be read on data checkpoint selection never saw.
+      Logged as ``synthetic/{task}/{pe}/id_test_acc`` and ``.../id_test/len{L}/acc`` per length bucket, and
+      ``id_test.json`` (those numbers, one 0/1 per example and the split's ``problems_digest``); ``id_acc``
+      stays validation's.
+    - ``stop_at``/``stop_patience``: the stopping rule, one for every encoding (0: off, train
+      ``trainer.max_steps``): training ends at the first validation where validation exact match
+      (``val/id_acc``) has been >= ``stop_at`` at ``stop_patience`` consecutive validations, or at
+      ``trainer.max_steps``, the cap (which the learning-rate schedule spans either way). Logged as
+      ``stop/step`` (the step it ended at, also ``steps`` in ``results.json``) and ``stop/rule_met`` (1: the
+      rule, 0: the cap). The weights are still the first best validation's.
     - ``batch_size``: training sequences per step; ``eval``: decoding and scoring settings.
     - ``curriculum_steps``: a curriculum over the training lengths (a recipe, not a format: the examples are the
       same): at step s < N a batch draws only training examples of length <= shortest + floor((longest - shortest)
@@ -130,10 +147,13 @@ class SyntheticConfig:
     n_train: int = 20_000
     n_valid: int = 256
     n_test: int = 400
+    n_id_test: int = 0
     train_max_len: int = 0
     test_max_len: int = 0
     batch_size: int = 32
     curriculum_steps: int = 0
+    stop_at: float = 0.0
+    stop_patience: int = 1
     name: str = ""
     log_model: bool = True
     model: ModelConfig = field(default_factory=_small_model)
@@ -149,7 +169,7 @@ class SyntheticConfig:
         if self.scratchpad not in spec.scratchpads:
             raise ValueError(f"scratchpad={self.scratchpad!r} is not supported by task {self.task!r}; "
                              f"supported: {', '.join(spec.scratchpads)}")
-        for key in ("train_max_len", "test_max_len", "seed", "curriculum_steps"):
+        for key in ("train_max_len", "test_max_len", "seed", "curriculum_steps", "n_id_test"):
             check_range(key, getattr(self, key), 0)
         for key in ("n_train", "n_valid", "n_test", "batch_size"):
             check_range(key, getattr(self, key), 1)
@@ -159,11 +179,25 @@ class SyntheticConfig:
                              f"curriculum_steps <= {self.trainer.max_steps}")
         spec.split_lengths("train", *self.max_lens)  # raises for test <= train and out-of-range lengths
         spec.split_lengths("test", *self.max_lens)
+        if self.n_id_test:  # raises when no training length has a held-out problem
+            make_split(self.task, "id_test", n=0, seed=self.seed, train_max_len=self.max_lens[0],
+                       test_max_len=self.max_lens[1])
+        self._check_stopping()
         if self.train_max % self.eval.bucket_width:
             raise ValueError(f"eval.bucket_width={self.eval.bucket_width} must divide the training maximum "
                              f"{self.train_max}, so that no length bucket mixes ID and OOD lengths")
         self._check_positions()
         self._apply_pos_encoding()
+
+    def _check_stopping(self) -> None:
+        check_range("stop_at", self.stop_at, 0.0, 1.0)
+        check_range("stop_patience", self.stop_patience, 1)
+        if not self.stop_at and self.stop_patience != 1:
+            raise ValueError(f"stop_patience={self.stop_patience} needs a stopping rule: set stop_at (e.g. 0.99)")
+        if self.stop_at and not 0 < self.trainer.val_every_n_steps < self.trainer.max_steps:
+            raise ValueError(f"stop_at={self.stop_at} is checked at each validation: set trainer.val_every_n_steps "
+                             f"between 1 and trainer.max_steps={self.trainer.max_steps} (it is "
+                             f"{self.trainer.val_every_n_steps})")
 
     def _check_positions(self) -> None:
         # The test split holds the longest lengths, hence every task's longest sequences; the stage checks every
@@ -292,8 +326,11 @@ class SyntheticGridConfig:
         # a grid from before these fields existed keeps its hash at their defaults, so it resumes
         if not self.task_overrides:
             del fields["task_overrides"]
-        if not self.base.curriculum_steps:
-            del fields["base"]["curriculum_steps"]
+        for key, default in ADDED_BASE_FIELDS.items():
+            *path, name = key.split(".")
+            section = functools.reduce(dict.__getitem__, path, fields["base"])
+            if section[name] == default:
+                del section[name]
         return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def task_base(self, task: str) -> SyntheticConfig:

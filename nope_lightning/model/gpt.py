@@ -8,7 +8,8 @@ Position encodings (``ModelConfig.pos_encoding``), each touching the smallest pi
 * ``t5`` — learned relative bias per head over 32 log-buckets (max distance 128), shared by all layers
   as in T5.
 * ``learned`` / ``sinusoidal`` — absolute position embeddings added to the token embeddings. ``sinusoidal`` (the
-  APE of Kazemnejad et al. 2023) starts its token embeddings at the reference's scale, ``APE_TOKEN_STD``.
+  APE of Kazemnejad et al. 2023) starts its token embeddings at the reference's scale, ``APE_TOKEN_STD``;
+  ``ModelConfig.embedding_init=t5`` starts every encoding's there (``token_std``).
 
 Hybrids (``ModelConfig.layer_encodings``): some layers of a RoPE model skip the rotation (iRoPE's one NoPE layer
 in four); any layer may attend within a sliding window (``ModelConfig.windows``; RNoPE-SWA windows the RoPE
@@ -77,6 +78,21 @@ def litgpt_config(cfg: ModelConfig, vocab_size: int) -> Config:
 APE_TOKEN_STD = 1.0
 
 
+def token_std(cfg: ModelConfig) -> float:
+    """Initial std of the token embeddings: ``APE_TOKEN_STD`` for APE, or for every encoding under
+    ``embedding_init=t5``; ``init_std`` otherwise.
+
+    ``t5`` is the reference's init of the token embeddings (HF T5's N(0, 1)) for all encodings, so that none
+    starts with token identity at another scale than the others. Only the embeddings follow T5. HF T5 also draws
+    q ~ N(0, (d_model d_kv)^-1/2) and k, v ~ N(0, d_model^-1/2) and computes logits q.k without 1/sqrt(d_kv):
+    the q init carries that factor, so its initial logits have std about 1, as 1/sqrt(d) attention with q, k ~
+    N(0, d_model^-1/2) would. We keep 1/sqrt(head_size) (the arithmetic of SDPA, flash and every imported
+    checkpoint) and GPT-2's q, k ~ N(0, ``init_std``), whose initial logits are far smaller (std about 0.03 at
+    n_embd 64, head size 16: near-uniform attention at init), for every encoding alike.
+    """
+    return APE_TOKEN_STD if cfg.embedding_init == "t5" or cfg.pos_encoding == "sinusoidal" else cfg.init_std
+
+
 def sinusoidal_table(positions: torch.Tensor, n_embd: int) -> torch.Tensor:
     """Vaswani et al.'s fixed encoding of ``positions`` (...,) -> (..., n_embd): sin on even, cos on odd
     channels, computed in float64, returned as float32 on the positions' device."""
@@ -116,14 +132,13 @@ class GPT(nn.Module):
         return [block.attn for block in self.transformer.h]
 
     def reset_parameters(self) -> None:
-        """GPT-2 init: N(0, init_std), residual output projections scaled by 1/sqrt(2 n_layer); an APE model's
-        token embeddings N(0, ``APE_TOKEN_STD``)."""
+        """GPT-2 init: N(0, init_std), residual output projections scaled by 1/sqrt(2 n_layer); the token
+        embeddings N(0, ``token_std``)."""
         std = self.cfg.init_std
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear | nn.Embedding):
                 scaled = name.endswith(("attn.proj", "mlp.proj"))
-                ape_tokens = name == "transformer.wte" and self.cfg.pos_encoding == "sinusoidal"
-                nn.init.normal_(module.weight, 0.0, APE_TOKEN_STD if ape_tokens
+                nn.init.normal_(module.weight, 0.0, token_std(self.cfg) if name == "transformer.wte"
                                 else std / math.sqrt(2 * self.cfg.n_layer) if scaled else std)
             elif isinstance(module, RMSNorm | Temperature):
                 module.reset_parameters()

@@ -13,14 +13,14 @@ preparation already in the cache is read), no MLflow run is created. A Hugging F
 encoding), is checked through its ``config.json`` alone (``hf.hf_model_config``: size, training length, max
 positions, encoding), as the import will read it; a missing folder is a problem of its step.
 
-The result is the plan (steps in order: stage, label, model, lengths, training tokens, problems); any
+The result is the plan (steps in order: stage, label, model, lengths, training tokens, estimated seconds
+(``estimate.py``), what the store holds of it (``store.finished_steps``, read only), problems) and its totals; any
 problem raises one ``ValueError`` with one line per problem, each naming its step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +33,12 @@ from nope_lightning.config.stages import PretrainConfig
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
 from nope_lightning.eval.longctx import answer_tokens
 from nope_lightning.model.hf import hf_model_config, is_hf_folder, parse_reference
+from nope_lightning.pipeline import estimate
+from nope_lightning.pipeline.data_checks import check_documents, check_training_data
 from nope_lightning.pipeline.inputs import MODEL_REFERENCES, inputs
 from nope_lightning.pipeline.steps import Instance, common_problems, expand, reference_problems, step_config
-from nope_lightning.runtime.progress import pipeline_line
+from nope_lightning.pipeline.store import finished_steps
+from nope_lightning.runtime.progress import duration, pipeline_line
 from nope_lightning.stages.registry import get_stage
 from nope_lightning.training.budget import (
     check_rope_model,
@@ -104,20 +107,35 @@ def plan(cfg: PipelineConfig, quiet: bool = False) -> dict[str, Any]:
     models: dict[str, Model] = {}  # the models steps train, fine-tune or import
     searches: dict[str, Search] = {}  # the scale-searches
     instances = expand(cfg)
-    steps = []
-    for number, instance in enumerate(instances, 1):
-        entry = plan_step(instance, cfg, references[instance.step.id], results, models, searches)
-        steps.append(entry)
-        if not quiet:
-            status = "; ".join(entry["problems"]) or "ok"
-            pipeline_line(f"[{number}/{len(instances)}] {instance.step.stage} {instance.id}: dry run: {status}")
+    steps = [plan_step(instance, cfg, references[instance.step.id], results, models, searches)
+             for instance in instances]
     problems = list(dict.fromkeys(f"step {s['id']}: {p}" for s in steps for p in s["problems"]))
     problems += common_problems(cfg) + shared_out_dirs(steps)
+    # What the store holds: read only, and only to show (the real run looks it up again as it goes).
+    finished = {} if quiet or problems else finished_steps(cfg, instances, results, PARENT)
+    for entry in steps:
+        entry["finished"] = finished.get(entry["id"], "")
+    if not quiet:
+        for number, (instance, entry) in enumerate(zip(instances, steps, strict=True), 1):
+            pipeline_line(f"[{number}/{len(instances)}] {instance.step.stage} {instance.id}: dry run: "
+                          f"{step_status(entry)}")
     if problems:
         raise ValueError(f"dry run of pipeline {cfg.name!r}: {len(problems)} problem(s):\n" + "\n".join(problems))
+    total = estimate.total(steps)
+    if not quiet:
+        pipeline_line(f"{cfg.name}: {estimate.total_line(total)}")
     return {"name": cfg.name, "dry_run": True, "seeds": list(cfg.seeds), "matrix": dict(cfg.matrix),
             "claims": list(cfg.claims), "steps": steps, "report": cfg.report,
-            "training_tokens": sum(s["training_tokens"] for s in steps), "problems": []}
+            "training_tokens": sum(s["training_tokens"] for s in steps), **total, "problems": []}
+
+
+def step_status(entry: dict) -> str:
+    """``ok; estimate 13 min[; finished under ...]``, or the step's problems."""
+    if entry["problems"]:
+        return "; ".join(entry["problems"])
+    cost = "no estimate (a model made elsewhere)" if entry["estimate_s"] is None else (
+        f"estimate {duration(entry['estimate_s'])}")
+    return "; ".join(filter(None, ["ok", cost, entry["finished"]]))
 
 
 def plan_step(instance: Instance, cfg: PipelineConfig, references: list[str], results: dict[str, dict],
@@ -126,7 +144,7 @@ def plan_step(instance: Instance, cfg: PipelineConfig, references: list[str], re
     is) for the later ones."""
     step = instance.step
     entry: dict[str, Any] = {"id": instance.id, "stage": step.stage, "label": step.label, "model": None,
-                             "lengths": {}, "training_tokens": 0, "data": None, "notes": [],
+                             "lengths": {}, "training_tokens": 0, "data": None, "notes": [], "estimate_s": None,
                              "problems": list(references)}
     if not entry["problems"] and (failed := [s for s in inputs(step).values() if results[instance.of(s)].open]):
         entry["notes"].append(f"unchecked: step {failed[0]!r}, whose results it reads, has problems")
@@ -153,6 +171,8 @@ def plan_step(instance: Instance, cfg: PipelineConfig, references: list[str], re
         entry["notes"].append(f"checkpoint {checkpoint} is not trained by this file: its lengths are unchecked")
     if step.stage in CHECKS:
         CHECKS[step.stage](stage_cfg, model, entry)
+    if not entry["problems"]:
+        entry["estimate_s"] = estimate.seconds(step.stage, stage_cfg, model.cfg if model is not None else None)
     if step.stage == "evaluate" and (searched := stage_cfg.extension.temperature).uniform_search:
         search = searches.get(instance.of(step.temperature.search) if step.temperature.search
                               else searched.uniform_search.removeprefix("runs:/").split("/")[0])
@@ -227,45 +247,6 @@ def shared_out_dirs(steps: list[dict]) -> list[str]:
 def run_id_of(checkpoint: str) -> str:
     """``runs:/<run id>/...`` -> the run id; '' for a local folder."""
     return checkpoint.removeprefix("runs:/").split("/")[0] if checkpoint.startswith("runs:/") else ""
-
-
-def cached_documents(data: DataConfig, split: str) -> list[int] | None:
-    """Token lengths of the documents of ``split`` from a cached preparation of ``data`` (the newest one of the
-    same corpus, vocabulary and split settings); None when it was never prepared (then it is unchecked)."""
-    settings = {"seed": data.split_seed, "val_fraction": data.val_fraction, "test_fraction": data.test_fraction}
-    manifests = sorted(data.cache_path.glob("prepared/*/manifest.json"), key=lambda p: p.stat().st_mtime,
-                       reverse=True)
-    for path in manifests:
-        manifest = json.loads(path.read_text())
-        if (manifest["corpus"], manifest["vocab_size_requested"], manifest["split"]) == (
-                data.corpus, data.vocab_size, settings):
-            return json.loads((path.parent / f"{split}.json").read_text())["lengths"]
-    return None
-
-
-def check_training_data(entry: dict, data: DataConfig, tokens: int, length: int) -> None:
-    """Record the train split's size against the ``tokens`` a run reads in windows of ``length`` tokens."""
-    documents = cached_documents(data, "train")
-    if documents is None:
-        entry["data"] = {"corpus": data.corpus, "train_tokens": "unchecked: known once the corpus is prepared"}
-        return
-    available = sum(documents)
-    entry["data"] = {"corpus": data.corpus, "train_tokens": available, "epochs": round(tokens / available, 2)}
-    if available < length + 1:
-        entry["problems"].append(f"the train split of {data.corpus!r} has {available} tokens, fewer than one "
-                                 f"window of {length + 1}; use a larger corpus or a shorter length")
-
-
-def check_documents(entry: dict, data: DataConfig, split: str, longest: int) -> None:
-    """Evaluation windows of ``longest`` tokens need a ``split`` document of ``longest + 1`` tokens."""
-    documents = cached_documents(data, split)
-    if documents is None:
-        entry["data"] = {"corpus": data.corpus, f"longest_{split}_document": "unchecked: known once prepared"}
-        return
-    entry["data"] = {"corpus": data.corpus, f"longest_{split}_document": max(documents)}
-    if max(documents) < longest + 1:
-        entry["problems"].append(f"no {split} document of {data.corpus!r} has {longest + 1} tokens (longest: "
-                                 f"{max(documents)}); lower the lengths or use a corpus with longer documents")
 
 
 def target_problems(entry: dict, model: Model | None, lengths: list[int]) -> None:

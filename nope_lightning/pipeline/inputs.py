@@ -176,7 +176,7 @@ def as_inputs(step: PipelineStep) -> PipelineStep:
     """``step`` with the overrides a typed input stands for (``checkpoint=runs:/@{pretrain_nope.run_id}/model``,
     ``extension.temperature.uniform_search=@{search_nope.run_id}`` and its ``_len``, a HeadScale table's
     ``runs:/@{headscale_4x.run_id}/headscale/…``) moved into its typed inputs: the same pipeline, as a file with
-    typed inputs writes it (a parent run logged before them is found so, ``runner.find_parent``)."""
+    typed inputs writes it (a parent run logged before them is found so, ``store.find_parent``)."""
     if step.model or step.temperature != type(step.temperature)():
         return step  # inputs already typed: left as written
     pairs = [(key.strip(), value.strip()) for key, _, value in (o.partition("=") for o in step.overrides)]

@@ -18,6 +18,9 @@ re-executes the command line in every extra rank. Such a step never outlives the
 process group, which the pipeline kills when it stops on an error or a signal, and on Linux the kernel
 kills the step (``PR_SET_PDEATHSIG``) when the pipeline dies by SIGKILL, where no code of ours can run.
 Otherwise an orphaned step would keep training into the out_dir that the rerun resumes.
+
+Ctrl-C or SIGTERM stops the pipeline in one line naming the step and what its rerun resumes, with every run it
+opened marked KILLED (``runtime/stopping.py``, the CLI); a rerun continues the KILLED runs.
 """
 
 from __future__ import annotations
@@ -30,76 +33,28 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from nope_lightning.config.core import load_config, to_yaml
+from nope_lightning.config.core import to_yaml
 from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
 from nope_lightning.pipeline import dry_run
-from nope_lightning.pipeline.inputs import as_inputs
+from nope_lightning.pipeline.eta import StudyClock
 from nope_lightning.pipeline.steps import expand, pipeline_hash, recorded_hash, step_config, step_hash
-from nope_lightning.runtime import tracking
+from nope_lightning.pipeline.store import HASH_TAG, find_parent, finished_step
+from nope_lightning.runtime import stopping, tracking
 from nope_lightning.runtime.progress import pipeline_line
+from nope_lightning.runtime.stopping import signals_raise
 from nope_lightning.stages.registry import run_stage
-
-#: The tag holding a step's hash (``steps.step_hash``) on the run it started: how any later pipeline finds it.
-HASH_TAG = "config_hash"
-
-
-def find_parent(cfg: PipelineConfig, run_hash: str) -> str | None:
-    """The newest parent run of this exact pipeline config, to resume; None if there is none. A parent run of the
-    file's name whose logged file is this one once text references and typed inputs are read alike
-    (``inputs.as_inputs``) is this pipeline too: the same file before its references became typed inputs (the
-    position of a reference among the overrides, which typed inputs do not have, changed its ``pipeline_hash``)."""
-    client = tracking.client(cfg.tracking)
-    runs = client.search_runs([tracking.experiment_id(cfg.tracking)],
-                              filter_string=f"tags.pipeline_hash = '{run_hash}'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
-    if runs:
-        return runs[0].info.run_id
-    same = typed_hash(cfg)
-    named = client.search_runs([tracking.experiment_id(cfg.tracking)],
-                               filter_string=f"tags.stage = 'pipeline' and attributes.run_name = '{cfg.name}'",
-                               order_by=["attributes.start_time DESC"])
-    for run in named:
-        try:
-            logged = load_config(PipelineConfig, tracking.download(cfg.tracking, run.info.run_id, "config.yaml"))
-        except (ValueError, OSError):  # a file the code no longer reads (or no file) is no match
-            continue
-        if typed_hash(logged) == same:
-            return run.info.run_id
-    return None
-
-
-def typed_hash(cfg: PipelineConfig) -> str:
-    """``pipeline_hash`` of ``cfg`` with its text references that typed inputs stand for made typed inputs."""
-    return pipeline_hash(replace(cfg, steps=[as_inputs(step) for step in cfg.steps]))
-
-
-def finished_step(cfg: PipelineConfig, digest: str) -> dict[str, Any] | None:
-    """The step record (``result``, and ``parent``: the pipeline run it ran under) of the newest FINISHED run
-    of the experiment tagged with step hash ``digest``, under any pipeline run; None if there is none."""
-    client = tracking.client(cfg.tracking)
-    runs = client.search_runs([tracking.experiment_id(cfg.tracking)],
-                              filter_string=f"tags.{HASH_TAG} = '{digest}' and attributes.status = 'FINISHED'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
-    if not runs:
-        return None
-    tags = runs[0].data.tags
-    owner = tags[tracking.PARENT_TAG]
-    record = tracking.step_record(cfg.tracking, owner, tags["pipeline_step"])
-    # The pipeline run may have rerun that instance since with another config: its record says so.
-    return {"result": record["result"], "parent": owner} if record["hash"] == digest else None
 
 
 def run(cfg: PipelineConfig) -> dict[str, Any]:
     if cfg.dry_run:
         return dry_run.plan(cfg)
-    dry_run.plan(cfg, quiet=True)  # every instance resolved and checked: problems stop the run before compute
+    # Every instance resolved and checked (problems stop the run before compute), and its cost estimated:
+    clock = StudyClock(dry_run.plan(cfg, quiet=True)["steps"])
     instances = expand(cfg)
     run_hash = pipeline_hash(cfg)
     parent = find_parent(cfg, run_hash)
@@ -122,16 +77,19 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
         record = {"id": instance.id, "tags": key.tags(), "hash": digest}
         if instance.id in done and done[instance.id]["hash"] in (digest, recorded_hash(stage_cfg)):
             results[instance.id] = done[instance.id]["result"]
+            clock.skipped(number - 1)
             pipeline_line(f"{prefix}: already done, skipped")
             continue
         if (found := finished_step(cfg, digest)) is not None:
             results[instance.id] = found["result"]
             tracking.log_step_record(cfg.tracking, parent,
                                      {**record, "result": found["result"], "reused_from": found["parent"]})
+            clock.skipped(number - 1)
             pipeline_line(f"{prefix}: finished under pipeline run {found['parent']}, reused")
             continue
-        pipeline_line(f"{prefix}: running ({time.perf_counter() - start:.0f}s elapsed)")
+        pipeline_line(f"{prefix}: running; {clock.status()}")
         t0 = time.perf_counter()
+        stopping.at(f"step {number} of {len(instances)} ({step.stage} {instance.id})")
         raw = run_subprocess(step.stage, stage_cfg) if step.subprocess else run_stage(step.stage, stage_cfg)
         result = {k: v for k, v in raw.items() if _jsonable(v)}
         results[instance.id] = result
@@ -142,7 +100,7 @@ def run(cfg: PipelineConfig) -> dict[str, Any]:
         if result.get("run_id") and client.get_run(result["run_id"]).data.tags.get(tracking.PARENT_TAG) == parent:
             for name, value in {**key.tags(), HASH_TAG: digest}.items():
                 client.set_tag(result["run_id"], name, value)
-        pipeline_line(f"{prefix}: done in {time.perf_counter() - t0:.0f}s")
+        pipeline_line(f"{prefix}: {clock.finished(number - 1, time.perf_counter() - t0)}")
     summary: dict[str, Any] = {"run_id": parent, "steps": len(instances),
                                "elapsed_s": round(time.perf_counter() - start, 1)}
     if cfg.report:
@@ -168,7 +126,10 @@ def run_subprocess(stage: str, stage_cfg: Any) -> dict[str, Any]:
             with signals_raise():
                 code = proc.wait()
         except BaseException:
-            kill_group(proc)
+            with stopping.shielded():
+                kill_group(proc)
+            if result.exists():  # a step stopped by the signal says what its rerun resumes
+                stopping.STATE.note = json.loads(result.read_text()).get("stopped", "")
             raise
         if code or not result.exists():
             raise RuntimeError(f"stage {stage} failed in its subprocess (exit {code}); see its output")
@@ -187,27 +148,10 @@ def die_with(parent: int):
     return request
 
 
-@contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise ``SystemExit`` (their default kills Python without unwinding), so the caller
-    can clean up; only the main thread can install handlers, elsewhere nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
 def kill_group(proc, grace_s: float = 10.0) -> None:
-    """SIGTERM the process group ``proc`` leads, then SIGKILL what is left after ``grace_s``."""
+    """SIGTERM the process group ``proc`` leads, then SIGKILL what is left after ``grace_s`` (a stopped step
+    ends its fit at the next step and marks its runs KILLED; runs a SIGKILL leaves RUNNING are closed by the
+    pipeline's own stop, ``tracking.stop_runs``)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)

@@ -255,6 +255,10 @@ ADDED_FIELDS: dict[str, Any] = {
     "padding_multiple": 64,
     # a given tokenizer.json, and the streaming (litdata) prepare of a pretraining corpus
     "tokenizer": "", "engine": "memory",
+    # last.ckpt by training time as well as by steps (a stop loses at most those minutes)
+    "checkpoint_minutes": 3.0,
+    # a synthetic run's stopping rule, its held-out in-distribution test split, and the token embeddings' init
+    "stop_at": 0.0, "stop_patience": 1, "n_id_test": 0, "embedding_init": "gpt2",
 }
 
 #: Fields whose value never changes a step's result, hashed as the one value every step recorded before they

@@ -11,6 +11,8 @@ their seeds (each file's ``seeds``), and whether results are committed (``result
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,10 +25,14 @@ from nope_lightning.config.pipeline import PipelineConfig
 from nope_lightning.results.bundle import INDEX
 from nope_lightning.results.runkey import RunKey
 
-#: The verdicts a claim can get (``analysis/claims.py``; "too few tasks learned" is paper 002's,
-#: ``analysis/synthetic_claims.py``; "not measured": the results hold none of what a claim reads), in the order a
-#: verdict count lists them.
-VERDICTS = ("reproduced", "not reproduced", "inconclusive", "untestable", "too few tasks learned", "not measured")
+#: The verdicts a claim can get (``analysis/lengthgen/claims.py``; "too few tasks learned" is paper 002's,
+#: ``analysis/synthetic/claims.py``; "not measured": the results hold none of what a claim reads; "no verdict":
+#: too few seeds, however many), in the order a verdict count lists them.
+VERDICTS = ("reproduced", "partial", "not reproduced", "inconclusive", "no verdict", "untestable",
+            "too few tasks learned", "not measured")
+
+#: A claims table's verdict cell, the row's last: the verdict in bold, then (*partial*) what it measured.
+VERDICT_CELL = re.compile(r"\| \*\*([^*|]+)\*\*(?::[^|]*)? \|$")
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,21 @@ class StudyCard:
         if self.wall_clock_min is None:
             return self.machine or "not measured"
         return f"{self.wall_clock_min:g} min, {self.machine}"
+
+
+def verdict_of(cell: str) -> str | None:
+    """The ``VERDICTS`` entry a verdict cell's bold text counts under: itself, or "no verdict" for every
+    too-few-seeds verdict ("1 seed: no verdict about seeds", "4 seeds: no verdict (fewer than 5)"); None for a
+    bold cell that is no verdict."""
+    if cell in VERDICTS:
+        return cell
+    return "no verdict" if "no verdict" in cell else None
+
+
+def verdict_counts(tables: str) -> dict[str, int]:
+    """How many rows of markdown ``tables`` end on a verdict cell, per verdict (``verdict_of``)."""
+    return dict(Counter(verdict for line in tables.splitlines() if (match := VERDICT_CELL.search(line))
+                        and (verdict := verdict_of(match.group(1))) is not None))
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Accuracies are exact match in [0, 1], lengths the task's own (e.g. digits), time
 
 Format versions: a cell (and the grid holding cells) of version 1 has no per-example record (``ood_correct``,
 ``test_digest``: read as empty); version 2 adds them, so that PE-vs-PE differences can be paired on the test
-examples (``analysis.synthetic_claims``). The attention analysis's NoPE-vs-NoPE floor and per-seed values
+examples (``analysis.synthetic.claims``). The attention analysis's NoPE-vs-NoPE floor and per-seed values
 (``TaskAttention``) came later without a new version (they only add keys): a file without them reads them empty."""
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class TaskAttention:
     """One task's attention analysis, per PE (its paper name in a grid, ours in a ``SeedAttention``): the layer-mean
     min-head JSD to NoPE (nats) per length, the same per layer, and the attended-distance histogram over ``edges``.
 
-    The NoPE-vs-NoPE floor (``analysis.synthetic_grid.floor_partner``): ``floor_by_layer[length]``, per layer, the same JSD
+    The NoPE-vs-NoPE floor (``analysis.synthetic.grid.floor_partner``): ``floor_by_layer[length]``, per layer, the same JSD
     between the NoPE models of two seeds on the same inputs (a grid's: the mean over its seeds that have one);
     ``floor_partners[seed]``: the seed whose NoPE model that seed's NoPE was compared with. ``by_seed[seed][pe]`` and
     ``floor_by_seed[seed]``: each seed's per-layer JSD and floor, mean over the analysed lengths (what intervals

@@ -1,6 +1,6 @@
 """Optuna studies: SQLite storage under ``mlruns/`` by default, names derived from what is searched (so a
 killed study resumes by name), and stale trials of a killed run re-queued (the
-fit of the position-dependent temperature is ``analysis/log_law.py``).
+fit of the position-dependent temperature is ``analysis/lengthgen/log_law.py``).
 
 Resuming a killed study must give the uninterrupted study's answer. Optuna's ``GridSampler`` counts a
 FAIL trial as a visited grid point, so failing the trial a kill left RUNNING would skip its point (and,

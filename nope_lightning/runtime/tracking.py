@@ -28,7 +28,9 @@ from typing import Any
 
 from nope_lightning.config.core import flatten, to_dict, to_yaml
 from nope_lightning.config.parts import TrackingConfig
+from nope_lightning.runtime import stopping
 from nope_lightning.runtime.locks import file_lock
+from nope_lightning.runtime.owners import owner, owner_alive
 
 PARENT_TAG = "mlflow.parentRunId"
 OWNER_TAG = "nope_lightning.owner"
@@ -82,6 +84,16 @@ def experiment_id(cfg: TrackingConfig) -> str:
         if KIND_TAG not in exp.tags:  # a kind chosen in the UI stays
             mlflow_client.set_experiment_tag(exp.experiment_id, KIND_TAG, KIND)
         return exp.experiment_id
+
+
+def existing_experiment_id(cfg: TrackingConfig) -> str | None:
+    """Id of ``cfg.experiment``, or None when the store or the experiment does not exist: a read-only lookup
+    (a dry run's), which creates neither the SQLite file nor the experiment."""
+    db = _sqlite_path(cfg.uri)
+    if db is not None and not db.exists():
+        return None
+    exp = client(cfg).get_experiment_by_name(cfg.experiment)
+    return None if exp is None else exp.experiment_id
 
 
 # --- fail fast -----------------------------------------------------------------------------------------
@@ -150,7 +162,12 @@ def check_store(cfg: Any) -> None:
 
     A SQLite store's missing folder is created with one line on stderr when the folder above it exists (the
     default ``mlruns/`` of a fresh clone), and refused when that is missing too: most likely a mistyped path,
-    which would silently start a new, empty store away from the user's runs."""
+    which would silently start a new, empty store away from the user's runs.
+
+    A dry run (``cfg.dry_run``) writes nothing to a store, so it checks nothing here: its lookups are read-only
+    (``existing_experiment_id``) and dead runs are closed by the next real run."""
+    if getattr(cfg, "dry_run", False):
+        return
     for tracking_cfg in tracking_configs(cfg):
         db = _sqlite_path(tracking_cfg.uri)
         if db is not None:
@@ -181,48 +198,29 @@ def check_store(cfg: Any) -> None:
 # --- run ownership: a run whose process died is closed, never left RUNNING -----------------------------
 
 
-def _start_time(pid: int) -> str:
-    """The process's start time in clock ticks since boot (with the pid, unique for the machine's uptime);
-    empty where /proc does not exist."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat[stat.rindex(")") + 2:].split()[19]
-
-
-def owner() -> str:
-    """``host:pid:start time`` of this process, the value of every run's ``nope_lightning.owner`` tag."""
-    return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
-
-
-def owner_alive(value: str) -> bool:
-    """Whether the process an owner tag names still runs (an owner on another host is assumed alive)."""
-    host, _, rest = value.partition(":")
-    pid, _, started = rest.partition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return True
-    if started:
-        return _start_time(int(pid)) == started
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def close_dead_runs(cfg: TrackingConfig, exp_id: str | None = None) -> list[str]:
-    """Mark KILLED every RUNNING run of the experiment whose owner process (on this host) has died; their ids."""
+def close_dead_runs(cfg: TrackingConfig, exp_id: str | None = None, *, own: bool = False) -> list[str]:
+    """Mark KILLED every RUNNING run of the experiment whose owner process (on this host) has died, and with
+    ``own`` every one this process owns (it is stopping); their ids."""
     mlflow_client = client(cfg)
     runs = mlflow_client.search_runs([exp_id or experiment_id(cfg)],
                                      filter_string=f"attributes.status = 'RUNNING' and "
                                                    f"tags.`{OWNER_TAG}` LIKE '{socket.gethostname()}:%'")
-    dead = [r.info.run_id for r in runs if not owner_alive(r.data.tags[OWNER_TAG])]
+    me = owner()
+    dead = [r.info.run_id for r in runs
+            if (own and r.data.tags[OWNER_TAG] == me) or not owner_alive(r.data.tags[OWNER_TAG])]
     for run_id in dead:
         mlflow_client.set_terminated(run_id, "KILLED")
     return dead
+
+
+def stop_runs(cfg: Any) -> list[str]:
+    """On a stop: mark KILLED the runs of every store in ``cfg`` (a stage config) that this process opened and
+    those its killed subprocesses left RUNNING; their ids. A store or experiment that does not exist holds none."""
+    stopped = []
+    for tracking_cfg in tracking_configs(cfg):
+        if (exp_id := existing_experiment_id(tracking_cfg)) is not None:
+            stopped += close_dead_runs(tracking_cfg, exp_id, own=True)
+    return stopped
 
 
 def claim_run(cfg: TrackingConfig, run_id: str) -> None:
@@ -382,6 +380,10 @@ def lightning_logger(cfg: TrackingConfig, stage: str, run_name: str, run_id: str
             fresh = {k: v for k, v in metrics.items() if (step or 0) > done.get(k, -1)}
             if fresh:
                 super().log_metrics(fresh, step)
+
+        def finalize(self, status: str = "success") -> None:
+            # Lightning ends an interrupted fit as "failed"; one stopped by a signal was killed, not broken.
+            super().finalize("KILLED" if stopping.received() else status)
 
     experiment_id(cfg)  # creates the experiment with our artifact location if needed
     done: dict[str, int] = {}

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nope_lightning.analysis import plots
+from nope_lightning.analysis.lengthgen import plots
 from nope_lightning.config.core import to_dict
 from nope_lightning.config.stages import EvaluateConfig
 from nope_lightning.data.corpus import corpus_label

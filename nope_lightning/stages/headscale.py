@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from lightning.pytorch import seed_everything
 
-from nope_lightning.analysis import plots
+from nope_lightning.analysis.lengthgen import plots
 from nope_lightning.config.parts import OptimConfig
 from nope_lightning.config.stages import HeadScaleConfig
 from nope_lightning.data.datamodule import PackedDataModule

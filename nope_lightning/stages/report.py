@@ -1,17 +1,18 @@
 """``report``: markdown tables and PNG plots from the runs of a pipeline, with the papers' numbers beside ours.
 
-Reads its sources (``analysis/sources.py``: pipeline runs in MLflow stores, results bundles earlier reports
-wrote) and files their results in one index by stage, matrix point, method and seed (``results/index.py``,
-keyed by each run's ``RunKey``). It tests the pipeline's claims (``analysis/claims.py``), writes the tables
-(``analysis/tables.py``) or, for a sweep, the sweep section (``analysis/sweep.py``), the figures with their
-bands, ``report.md``, a self-contained ``report.html`` and the results it read (``results/``, a bundle:
-``results/bundle.py``) under ``out_dir``, and logs them, with per-method headline metrics, to the pipeline run
-itself (artifact folder ``report/``; a rerun overwrites them, so there is one report per pipeline run). What it
-knows of each method (the paper row it sits beside, its family, the paired table's reference) is the experiment
-file's (``tables.Methods``), never read from the method's label. The report is titled by its study's name
-(``report_frame.study_name``: the words its pipelines' names share, e.g. ``regime_study`` for ``regime_study``
-and its seed files ``regime_study_s5678``, …), captions every figure with what it shows and over which seeds,
-and ends with its provenance: each pipeline run's name, id, day and the store or bundle it was read from.
+Reads its sources (``analysis/sources.py``: pipeline runs in MLflow stores, results bundles earlier reports wrote)
+and files their results in one index by stage, matrix point, method and seed (``results/index.py``, keyed by each
+run's ``RunKey``). It tests the pipeline's claims (``analysis/lengthgen/claims.py``; paper 002's:
+``analysis/synthetic/``), writes the tables (``analysis/lengthgen/tables.py``) or, for a sweep, the sweep section
+(``analysis/lengthgen/sweep.py``), the figures with their bands, ``report.md``, a self-contained ``report.html``
+and the results it read (``results/``, a bundle: ``results/bundle.py``) under ``out_dir``, and logs them, with
+per-method headline metrics, to the pipeline run itself (artifact folder ``report/``; a rerun overwrites them, so
+there is one report per pipeline run). What it knows of each method (the paper row it sits beside, its family, the
+paired table's reference) is the experiment file's (``sources.Methods``), never read from the method's label. The
+report is titled by its study's name (``report_frame.study_name``: the words its pipelines' names share, e.g.
+``regime_study`` for ``regime_study`` and its seed files ``regime_study_s5678``, …), captions every figure with
+what it shows and over which seeds, and ends with its provenance: each pipeline run's name, id, day and the store
+or bundle it was read from.
 """
 
 from __future__ import annotations
@@ -25,22 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from nope_lightning.analysis import (
-    attention_claims,
-    claims,
-    markdown,
-    plots,
-    report_frame,
-    report_sections,
-    sweep,
-    synthetic_claims,
-    synthetic_figures,
-    synthetic_learned,
-    synthetic_tables,
-    tables,
-)
+from nope_lightning.analysis import markdown, report_frame
 from nope_lightning.analysis import sources as report_sources
+from nope_lightning.analysis.lengthgen import claims, entropy_figures, plots, report_sections, sweep, tables
 from nope_lightning.analysis.report_frame import Plot, over_seeds, seeds
+from nope_lightning.analysis.synthetic import attention_claims
+from nope_lightning.analysis.synthetic import claims as synthetic_claims
+from nope_lightning.analysis.synthetic import figures as synthetic_figures
+from nope_lightning.analysis.synthetic import learned as synthetic_learned
+from nope_lightning.analysis.synthetic import tables as synthetic_tables
 from nope_lightning.config.paper import CLAIMS_BY_ID
 from nope_lightning.config.pipeline import ReportConfig
 from nope_lightning.numerics.stats import t_interval
@@ -56,10 +50,11 @@ FIG5 = "entropy_vs_lambda.png"
 
 
 def point_sections(evals: dict, searches: dict, headscales: dict, outcomes: list, resamples: int,
-                   methods: tables.Methods) -> tuple[list[str], dict[str, Plot | None]]:
-    """The tables and figures of one matrix point."""
+                   methods: report_sources.Methods, seed_days: dict | None = None
+                   ) -> tuple[list[str], dict[str, Plot | None]]:
+    """The tables and figures of one matrix point (``seed_days``: seed -> the day its run started)."""
     sections = [report_sections.retrieval_line(claims.retrieval_by_seed(evals)) if outcomes else "",
-                report_sections.claims_table(outcomes) if outcomes else "",
+                report_sections.claims_table(outcomes, seed_days) if outcomes else "",
                 tables.ppl_tables(evals, methods.paper_rows("table2")) if evals else "", tables.bucket_table(evals),
                 tables.ablation_table(evals, outcomes, methods.paper_rows("table4")), tables.passkey_table(evals),
                 report_sections.retrieval_table(evals), tables.key_nll_table(evals), tables.longctx_table(evals),
@@ -85,6 +80,8 @@ def point_sections(evals: dict, searches: dict, headscales: dict, outcomes: list
         figures["position_curves_nope.png"] = position_figure(nope_family, "NoPE and its repairs")
         figures["position_curves_baselines.png"] = position_figure(baselines, who)
         figures["passkey_heatmaps.png"] = passkey_figure(evals)
+        figures["entropy_heads_past_L.png"] = entropy_figures.fig3_plot(evals)
+        figures["entropy_heads_by_position.png"] = entropy_figures.fig10_plot(evals, methods.reference)
     return sections, figures
 
 
@@ -98,6 +95,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     found = report_sources.gather(sources, out, matrix_keys)
     index = found.results
     points = sorted(index.points("evaluate", "scale-search"))
+    seed_days = report_sources.seed_days(configs, [run for s in sources for _, run in s.pipelines()], dates)
     # The claims read a point's HeadScale (Fig 5), scale-search and evaluate runs by method.
     runs_by_point = {p: {**index.at("headscale", p), **index.at("scale-search", p), **index.at("evaluate", p)}
                      for p in points}
@@ -115,7 +113,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
             outcomes = [claims.evaluate_claim(CLAIMS_BY_ID[c], runs_by_point[point], resamples) for c in claim_ids]
             point_text, point_figures = point_sections(
                 index.at("evaluate", point), index.at("scale-search", point), index.at("headscale", point),
-                outcomes, resamples, methods)
+                outcomes, resamples, methods, seed_days)
             if point:
                 where = ", ".join(f"{k} = {v}" for k, v in point)
                 sections.append(f"## Matrix point {where}")
@@ -135,7 +133,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     if claim_ids and not axes:
         sections.insert(0, report_sections.changed_rules_section([CLAIMS_BY_ID[c] for c in claim_ids],
                                                                  list(dates.values())))
-    sections.append(report_sections.recipe_section(found.recipes))
+    sections.append(report_frame.recipe_section(found.recipes))
     captions = {}
     for name, plot in figures.items():
         if plot is not None and plot.figure is not None:

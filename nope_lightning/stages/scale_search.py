@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import optuna
 
-from nope_lightning.analysis import plots
-from nope_lightning.analysis.log_law import best_on_grid, fit_log_scale, position_fit_units
+from nope_lightning.analysis.lengthgen import plots
+from nope_lightning.analysis.lengthgen.log_law import best_on_grid, fit_log_scale, position_fit_units
 from nope_lightning.config.core import flatten, to_dict
 from nope_lightning.config.parts import AttentionTemperature
 from nope_lightning.config.stages import EvaluateConfig, ExtensionConfig, ScaleSearchConfig

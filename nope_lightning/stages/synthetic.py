@@ -7,7 +7,9 @@
 * every ``trainer.val_every_n_steps`` steps it greedy-decodes the in-distribution validation set and
   keeps the weights with the best exact match (the first best, as the reference's HF Trainer);
 * with those weights it greedy-decodes the validation (ID) and test (OOD) examples and reports exact
-  match per length bucket.
+  match per length bucket, and the held-out ID test split (``n_id_test``) when it has one;
+* ``stop_at`` > 0 ends training early, at the first validation where the stopping rule holds
+  (``training.stopping_rule``).
 
 Decoding is batched greedy with the model's KV cache (``eval.generate.greedy_decode``). Prompts are right-padded:
 a causal model's positions 0..t never see the padding after them, and every PE (absolute ones and
@@ -15,9 +17,10 @@ NoPE's implicit position counting included) sees positions exactly as in trainin
 would shift.
 
 Logged on the run: ``val/id_acc`` during training; ``synthetic/{task}/{pe}/id_acc``, ``.../ood_acc``
-and ``.../len{L}/acc`` per bucket; ``results.json``, ``per_length_acc.png`` and (``log_model``)
-``model.safetensors`` of the selected weights. The ``synthetic-grid`` stage (``synthetic_grid.py``) runs
-``train_and_evaluate`` per (task, PE, seed).
+and ``.../len{L}/acc`` per bucket; ``stop/step`` and ``stop/rule_met``; with ``n_id_test``,
+``.../id_test_acc``, ``.../id_test/len{L}/acc`` and ``id_test.json``; ``results.json``,
+``per_length_acc.png`` and (``log_model``) ``model.safetensors`` of the selected weights. The ``synthetic-grid``
+stage (``synthetic_grid.py``) runs ``train_and_evaluate`` per (task, PE, seed).
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from __future__ import annotations
 import functools
 import tempfile
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -37,16 +39,18 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric
 
-from nope_lightning.analysis import synthetic_grid
+from nope_lightning.analysis.synthetic import grid as synthetic_grid
 from nope_lightning.config.parts import ModelConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, sequence_tokens
 from nope_lightning.data.synthetic_batches import CurriculumBatches, pad_batch
 from nope_lightning.eval.generate import greedy_decode
+from nope_lightning.eval.synthetic_scoring import bucket_accuracies, log_id_test, score
 from nope_lightning.model.gpt import GPT, count_parameters
-from nope_lightning.results.synthetic import BucketAccuracy, Failure, SyntheticCell, problems_digest
+from nope_lightning.results.synthetic import Failure, SyntheticCell, problems_digest
 from nope_lightning.runtime import tracking
-from nope_lightning.synthetic import Example, Vocabulary, exact_match, length_bucket, make_split
+from nope_lightning.synthetic import Example, Vocabulary, make_split
 from nope_lightning.training.module import CausalLM, lm_loss
+from nope_lightning.training.stopping_rule import stop_metrics, stopping_callbacks
 from nope_lightning.training.trainer import build_trainer, check_strategy
 
 N_ERRORS = 5  # wrong OOD predictions kept in results.json, for a look at how a model fails
@@ -58,8 +62,9 @@ class SyntheticData(LightningDataModule):
     """One task's splits (deterministic in ``cfg.seed``) and vocabulary.
 
     Training batches are ``pad_batch`` tensors; evaluation batches are indices (B,) into ``valid``
-    (validation) or ``evaluation`` (test: valid + test sorted by size, so a batch pads little), which
-    the module decodes — examples are frozen dataclasses, which Lightning cannot move between devices.
+    (validation) or ``evaluation`` (test: valid + test sorted by size, so a batch pads little; then ``id_test``,
+    the held-out ID split, by a second loader when it has examples), which the module decodes — examples are
+    frozen dataclasses, which Lightning cannot move between devices.
     """
 
     def __init__(self, cfg: SyntheticConfig) -> None:
@@ -71,6 +76,7 @@ class SyntheticData(LightningDataModule):
         self.train = split("train", n=cfg.n_train)
         self.valid = split("valid", n=cfg.n_valid)
         self.test = split("test", n=cfg.n_test)
+        self.id_test = split("id_test", n=cfg.n_id_test, avoid=self.valid) if cfg.n_id_test else []
         self.encoded = [self.vocab.encode(example) for example in self.train]
         self.evaluation = sorted(self.valid + self.test, key=lambda e: len(e.prompt) + len(e.target))
 
@@ -91,13 +97,14 @@ class SyntheticData(LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return DataLoader(range(len(self.valid)), batch_size=self.cfg.eval.batch_size)
 
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(range(len(self.evaluation)), batch_size=self.cfg.eval.batch_size)
+    def test_dataloader(self) -> list[DataLoader]:
+        return [DataLoader(range(len(split)), batch_size=self.cfg.eval.batch_size)
+                for split in (self.evaluation, self.id_test) if split]
 
 
 def check_fits(data: SyntheticData, model: ModelConfig, extra_new_tokens: int) -> None:
     """Fail before training when the longest decode would exceed ``model.max_positions``."""
-    needed = data.longest_sequence(data.train + data.evaluation) + extra_new_tokens
+    needed = data.longest_sequence(data.train + data.evaluation + data.id_test) + extra_new_tokens
     if needed > model.max_positions:
         raise ValueError(f"model.max_positions={model.max_positions} is too small: the longest sequence "
                          f"(and decode budget) needs {needed} positions")
@@ -106,32 +113,22 @@ def check_fits(data: SyntheticData, model: ModelConfig, extra_new_tokens: int) -
 # --- decoding and scoring ----------------------------------------------------------------------------
 
 
-def score(vocab: Vocabulary, examples: Sequence[Example], generated: Sequence[list[int]]) -> list[bool]:
-    """Exact match of each generated continuation's final answer (see ``synthetic.exact_match``).
-
-    The prompt goes in front, so the answer starts after the prompt's ``<sep>`` even when the model
-    generates a ``<sep>`` of its own.
-    """
-    return [exact_match(vocab.decode(vocab.encode_prompt(example) + ids), example)
-            for example, ids in zip(examples, generated, strict=True)]
-
-
 class SyntheticLM(CausalLM):
     """``CausalLM`` with the loss on target tokens, greedy exact-match validation and best-weight tracking.
 
     ``best_state`` holds a CPU copy of the weights with the best validation exact match (strictly
-    better only, so the earliest of equal ones); ``predictions`` maps ``evaluation`` indices to ids
-    generated in ``trainer.test``.
+    better only, so the earliest of equal ones); ``predictions[k]`` maps indices into the k-th test loader's
+    split (``evaluation``, ``id_test``) to ids generated in ``trainer.test``.
     """
 
     def __init__(self, model: GPT, cfg: SyntheticConfig, data: SyntheticData) -> None:
         super().__init__(model, cfg.optim, cfg.trainer.max_steps, cfg.trainer.compile)
         self.vocab, self.eval_cfg = data.vocab, cfg.eval
-        self.valid, self.evaluation = data.valid, data.evaluation
+        self.valid, self.tested = data.valid, (data.evaluation, data.id_test)
         self.val_acc = MeanMetric()
         self.best_acc, self.best_step = -1.0, 0
         self.best_state: dict[str, torch.Tensor] | None = None
-        self.predictions: dict[int, list[int]] = {}
+        self.predictions: tuple[dict[int, list[int]], ...] = ({}, {})
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         ids, labels = batch
@@ -161,9 +158,9 @@ class SyntheticLM(CausalLM):
             self.best_acc, self.best_step = acc, self.global_step
             self.best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
-    def test_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        indices = batch.tolist()
-        self.predictions.update(zip(indices, self.generate([self.evaluation[i] for i in indices]), strict=True))
+    def test_step(self, batch: torch.Tensor, batch_idx: int, dataloader_idx: int = 0) -> None:
+        indices, split = batch.tolist(), self.tested[dataloader_idx]
+        self.predictions[dataloader_idx].update(zip(indices, self.generate([split[i] for i in indices]), strict=True))
 
     def restore_best(self) -> None:
         assert self.best_state is not None, "no validation ran: build_trainer always validates at the end"
@@ -171,17 +168,6 @@ class SyntheticLM(CausalLM):
 
 
 # --- one run ------------------------------------------------------------------------------------------
-
-
-def bucket_accuracies(examples: Sequence[Example], correct: Sequence[bool], train_max: int,
-                      width: int) -> list[BucketAccuracy]:
-    """Exact match per length bucket (in or out of distribution), by length."""
-    groups: dict[str, list[bool]] = defaultdict(list)
-    for example, ok in zip(examples, correct, strict=True):
-        groups[length_bucket(example.length, width)].append(ok)
-    return [BucketAccuracy(label, "ood" if synthetic_grid.bucket_start(label) > train_max else "id", len(oks),
-                           float(np.mean(oks)))
-            for label, oks in sorted(groups.items(), key=lambda item: synthetic_grid.bucket_start(item[0]))]
 
 
 def failures(vocab: Vocabulary, examples: Sequence[Example], generated: Sequence[list[int]],
@@ -222,7 +208,9 @@ def train_and_evaluate(cfg: SyntheticConfig) -> Trained:
     module = SyntheticLM(model, cfg, data)
     logger = tracking.lightning_logger(cfg.tracking, "synthetic", cfg.run_name)
     tracking.log_config(cfg.tracking, logger.run_id, cfg)
-    trainer = build_trainer(cfg.trainer, logger=logger, grad_clip=cfg.optim.grad_clip, enable_checkpointing=False)
+    callbacks = stopping_callbacks("val/id_acc", cfg.stop_at, cfg.stop_patience)
+    trainer = build_trainer(cfg.trainer, logger=logger, callbacks=callbacks, grad_clip=cfg.optim.grad_clip,
+                            enable_checkpointing=False)
 
     started = time.perf_counter()
     trainer.fit(module, datamodule=data)
@@ -231,7 +219,7 @@ def train_and_evaluate(cfg: SyntheticConfig) -> Trained:
     trainer.test(module, datamodule=data, verbose=False)
     evaluated = time.perf_counter()
 
-    generated = [module.predictions[i] for i in range(len(data.evaluation))]
+    generated = [module.predictions[0][i] for i in range(len(data.evaluation))]
     correct = score(data.vocab, data.evaluation, generated)
     ood = [e.length > cfg.train_max for e in data.evaluation]
     by_example = dict(zip(map(id, data.evaluation), correct, strict=True))  # by identity: unhashable
@@ -244,6 +232,11 @@ def train_and_evaluate(cfg: SyntheticConfig) -> Trained:
         failures(data.vocab, data.evaluation, generated, correct, cfg.train_max),
         tuple(by_example[id(e)] for e in data.test), problems_digest(data.test))
     log_run(cfg, result, model)
+    tracking.log_metrics(cfg.tracking, logger.run_id, stop_metrics(trainer, callbacks), step=trainer.global_step)
+    if data.id_test:
+        log_id_test(cfg.tracking, logger.run_id, metric_prefix(cfg.task, cfg.pos_encoding), data.vocab, data.id_test,
+                    [module.predictions[1][i] for i in range(len(data.id_test))], cfg.eval.bucket_width,
+                    trainer.global_step)
     return Trained(result, model, data)
 
 

@@ -3,7 +3,7 @@
 ``run(cfg)`` trains and evaluates every (task, PE, seed) as a child of one parent run (``synthetic.py``'s
 ``train_and_evaluate``), then logs on the parent the OOD table (task x PE, mean over seeds), the PEs' mean
 reciprocal rank over (task, seed) with ties averaged, per-length curves per task and the attention analysis
-(``analysis/synthetic_grid.py``).
+(``analysis/synthetic/grid.py``).
 
 Resume: the same command again (the same resolved config, whose ``config_hash`` tags the parent) continues that
 config's newest parent, killed, failed or finished, training only the cells not finished (stderr names those reused).
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from nope_lightning.analysis import synthetic_grid
+from nope_lightning.analysis.synthetic import grid as synthetic_grid
 from nope_lightning.config.parts import TrackingConfig, TrainerConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, SyntheticGridConfig
 from nope_lightning.model.gpt import GPT

@@ -11,7 +11,7 @@ Pure Python (numpy only for its random generator type). Typical use::
     exact_match(vocab.decode(generated_ids), test[0])
 
 The lowest floor: it imports nothing else of the package, so ``config/synthetic.py`` checks task names against
-``TASKS``; the grid's analysis of trained models is ``analysis/synthetic_grid.py``.
+``TASKS``; the grid's analysis of trained models is ``analysis/synthetic/grid.py``.
 """
 
 from .core import BOS, EOS, PAD, SEP, SPECIAL_TOKENS, Example, Problem, Step

@@ -39,6 +39,11 @@ bucket of problems training can never see, whereas the reference's split puts mo
 training; there validation draws from training's problems, so that no more of them are unseen than
 under the reference's split. Training stays as it was (it still skips reserved problems, e.g. 2 of
 summation's 9 at length 1), so committed training data are unchanged.
+
+The held-out in-distribution test split (``id_test``) draws training lengths, by training's weights as validation
+does, and reserved problems only, less the validation examples' problems it is given (``avoid``): problems neither
+training nor validation holds, so that a score on them is free of checkpoint selection. A length without a single
+reserved problem (parity at 1 and 3 bits, SCAN at 1 action) has no held-out problem and no ``id_test`` example.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,7 +60,7 @@ from . import algorithmic, pcfg, scan, sequence
 from .core import Example, Problem, as_random
 from .scratchpad import COMPONENTS, parse_answer, render_scratchpad, supported_formats
 
-SPLITS = ("train", "valid", "test")
+SPLITS = ("train", "valid", "test", "id_test")
 HOLDOUT_MODULUS = 10
 MAX_DRAWS = 400  # draws to find a problem on the right side of the train/valid hash split
 PROBE_DRAWS = 2048
@@ -170,13 +175,16 @@ def get_task(task: str) -> TaskSpec:
 
 
 def make_split(task: str, split: str, n: int, seed: int, scratchpad: str = "none",
-               train_max_len: int | None = None, test_max_len: int | None = None) -> list[Example]:
-    """``n`` examples of ``task`` for ``split`` ("train", "valid" or "test"), deterministic in ``seed``.
+               train_max_len: int | None = None, test_max_len: int | None = None,
+               avoid: Sequence[Example] = ()) -> list[Example]:
+    """``n`` examples of ``task`` for ``split`` (one of ``SPLITS``), deterministic in ``seed``.
 
     Train and valid draw from the training lengths (valid is the in-distribution validation set),
     test from the lengths in ``(train_max_len, test_max_len]``, cycling through them so every
-    length gets ``n // #lengths`` or one more examples. Each (task, split, seed) has its own random
-    stream, and the scratchpad format only changes how the same problems are written.
+    length gets ``n // #lengths`` or one more examples; id_test from the training lengths that have reserved
+    problems, reserved problems only and none of ``avoid``'s (the validation split; see the module docstring).
+    Each (task, split, seed) has its own random stream, and the scratchpad format only changes how the same
+    problems are written.
     """
     spec = get_task(task)
     spec.check_scratchpad(scratchpad)
@@ -186,16 +194,23 @@ def make_split(task: str, split: str, n: int, seed: int, scratchpad: str = "none
     rng = random.Random(f"{spec.name}/{split}/{seed}")
     if split == "test":
         return [spec.generate(rng, lengths[i % len(lengths)], scratchpad) for i in range(n)]
+    if split == "id_test" and not (lengths := [length for length in lengths if has_held_out(spec.name, length)]):
+        raise ValueError(f"task {spec.name!r} has no held-out problem at training lengths up to "
+                         f"{spec.split_lengths(split, train_max_len, test_max_len)[-1]}: raise train_max_len or set "
+                         f"n_id_test=0")
     plan = rng.choices(lengths, weights=[spec.train_weight(length) for length in lengths], k=n)
-    return [_draw(spec, rng, length, scratchpad, valid=split == "valid" and is_large(spec.name, length))
-            for length in plan]
+    avoided = frozenset(tuple(e.prompt) for e in avoid)
+    return [_draw(spec, rng, length, scratchpad, avoided,
+                  valid=split == "id_test" or split == "valid" and is_large(spec.name, length)) for length in plan]
 
 
-def _draw(spec: TaskSpec, rng: random.Random, length: int, scratchpad: str, valid: bool) -> Example:
-    """An example whose problem is reserved for validation (``valid``) or not (training's problems)."""
+def _draw(spec: TaskSpec, rng: random.Random, length: int, scratchpad: str, avoid: frozenset[tuple[str, ...]],
+          valid: bool) -> Example:
+    """An example whose problem is reserved for validation (``valid``) or not (training's problems), and not one
+    of ``avoid``'s prompts."""
     for _ in range(MAX_DRAWS):
         example = spec.generate(rng, length, scratchpad)
-        if is_held_out(example.prompt) == valid:
+        if is_held_out(example.prompt) == valid and tuple(example.prompt) not in avoid:
             return example
     raise RuntimeError(f"{spec.name} at length {length}: no {'reserved' if valid else 'unreserved'} problem in "
                        f"{MAX_DRAWS} draws")
@@ -216,6 +231,14 @@ def is_large(task: str, length: int) -> bool:
             return False
         seen.add(prompt)
     return True
+
+
+@functools.cache
+def has_held_out(task: str, length: int) -> bool:
+    """Whether ``task`` at ``length`` has a reserved problem: one among ``MAX_DRAWS`` draws of a fixed probe (its
+    own random stream), so the same answer in every process. Parity at 1 and 3 bits and SCAN at 1 action have none."""
+    spec, rng = get_task(task), random.Random(f"{task}/held-out-probe/{length}")
+    return any(is_held_out(spec.make(rng, length).prompt) for _ in range(MAX_DRAWS))
 
 
 def is_held_out(prompt: list[str]) -> bool:

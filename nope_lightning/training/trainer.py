@@ -1,8 +1,11 @@
 """The one place a Lightning ``Trainer`` is built, and ``resumable_fit``: training into an ``out_dir`` that a
 rerun of a killed run continues (pretrain, finetune, headscale).
 
-An ``out_dir`` holds ``checkpoints/`` (``step*.ckpt`` every ``trainer.checkpoint_every_n_steps`` and
-``last.ckpt``), ``config.yaml`` (the resolved config) and ``mlflow_run_id`` (the MLflow run a rerun continues).
+An ``out_dir`` holds ``checkpoints/`` (``step*.ckpt`` every ``trainer.checkpoint_every_n_steps``, and ``last.ckpt``
+then and every ``trainer.checkpoint_minutes``), ``config.yaml`` (the resolved config) and ``mlflow_run_id`` (the
+MLflow run a rerun continues, also when it stopped before its first checkpoint: it restarts in the same run).
+
+A stop signal inside ``Trainer.fit`` ends the fit at the next step on every rank (``StepBoundarySignals``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +25,14 @@ import torch
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from lightning.pytorch.utilities import rank_zero_only
 
 from nope_lightning.config.core import flatten, load_config, to_dict, to_yaml
 from nope_lightning.config.parts import TrainerConfig
 from nope_lightning.model.attention import Block
 from nope_lightning.model.checkpoint import newest_intact, torch_load
-from nope_lightning.runtime import tracking
+from nope_lightning.runtime import stopping, tracking
 from nope_lightning.runtime.locks import hold_lock
 from nope_lightning.runtime.progress import StepProgressBar
 from nope_lightning.training.module import FSDP2Strategy
@@ -119,7 +124,7 @@ def build_trainer(cfg: TrainerConfig, *, logger: Any = None, callbacks: list | N
     steps = max_steps or cfg.max_steps
     val_every = cfg.val_every_n_steps if 0 < cfg.val_every_n_steps < steps else steps
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return Trainer(
+    trainer = Trainer(
         accelerator=cfg.accelerator,
         devices=cfg.devices,
         num_nodes=cfg.num_nodes,
@@ -142,6 +147,30 @@ def build_trainer(cfg: TrainerConfig, *, logger: Any = None, callbacks: list | N
         callbacks=[*(callbacks or []), *([StepProgressBar()] if cfg.progress_bar else [])],
         default_root_dir=default_root_dir,
     )
+    trainer._signal_connector = StepBoundarySignals(trainer)  # Lightning has no setting for its connector
+    return trainer
+
+
+class StepBoundarySignals(_SignalConnector):
+    """Lightning's signal connector with a handler that runs no collective: a stop signal (SIGINT, SIGTERM,
+    SIGHUP) is recorded (``stopping.defer``) and forwarded to the ranks this process launched, and the fit
+    stops at the start of the next step, on every rank at the same place (Lightning's loops broadcast rank 0's
+    flag there, outside any handler, and raise ``SIGTERMException``). Lightning's own SIGTERM handler
+    broadcasts from inside the handler: landing in one rank's forward while the other waits in the gradient
+    all-reduce, the two collectives never match and both ranks hang. A second signal a second later stops at
+    once; Ctrl-C then does not raise KeyboardInterrupt in the middle of a collective either."""
+
+    def register_signal_handlers(self) -> None:
+        self.received_sigterm = False
+        self._original_handlers = self._get_current_signal_handlers()
+        for signum in stopping.STOP_SIGNALS:
+            self._register_signal(signum, self._stop_at_next_step)
+
+    def _stop_at_next_step(self, signum: int, frame: Any) -> None:
+        stopping.defer(signum)
+        if not self.received_sigterm and self.trainer.strategy.launcher is not None:
+            self.trainer.strategy.launcher.kill(signum)
+        self.received_sigterm = True
 
 
 # --- training into an out_dir that a rerun resumes -------------------------------------------------------
@@ -171,9 +200,14 @@ class ResumableFit:
         sets ``strict_loading = False``.
         """
         cfg = self.cfg
+        if rank_zero_only.rank == 0 and (self.checkpoint or self.run_id):  # a rerun says what it continues
+            what = (f"resumes from its checkpoint at step {checkpoint_step(self.checkpoint)}" if self.checkpoint
+                    else "restarts from step 0: no checkpoint yet")
+            print(f"{stage} {name}: {what}" + (f" (MLflow run {self.run_id})" if self.run_id else ""),
+                  file=sys.stderr, flush=True)
         logger = tracking.lightning_logger(cfg.tracking, stage, name, self.run_id)
-        checkpoints = checkpoint_callback(self.out, cfg.trainer.checkpoint_every_n_steps, max_steps)
-        trainer = build_trainer(cfg.trainer, logger=logger, callbacks=[*callbacks, checkpoints],
+        checkpoints = checkpoint_callbacks(self.out, cfg.trainer, max_steps)
+        trainer = build_trainer(cfg.trainer, logger=logger, callbacks=[*callbacks, *checkpoints],
                                 default_root_dir=str(self.out), grad_clip=cfg.optim.grad_clip, max_steps=max_steps,
                                 batch_tokens=data.batch_size * data.seq_len)
         if rank_zero_only.rank == 0:
@@ -195,7 +229,8 @@ def resumable_fit(out: Path, cfg: Any, keys: tuple[str, ...], resume: bool = Tru
     """
     with out_dir_lock(out):
         checkpoint = check_resumable(out, cfg, keys, resume)
-        yield ResumableFit(out, cfg, checkpoint, resumed_run_id(out, cfg, checkpoint))
+        stopping.STATE.out_dir = out  # what a stop's line says a rerun resumes
+        yield ResumableFit(out, cfg, checkpoint, resumed_run_id(out, cfg, checkpoint, keys))
 
 
 @contextlib.contextmanager
@@ -220,11 +255,9 @@ def check_resumable(out: Path, cfg: Any, keys: tuple[str, ...], resume: bool = T
     """The checkpoint to resume from (``out/checkpoints/last.ckpt``, else the newest intact ``step*.ckpt``),
     or None for a fresh run; raises before any compute when ``out`` holds a run with another config (in the
     sections ``keys``), a damaged checkpoint, or a run that ``resume=false`` would overwrite."""
-    last = out / "checkpoints" / "last.ckpt"
-    if not last.exists():  # deleted when damaged, as the refusal advises: the newest intact periodic one
-        last = newest_intact(last.parent) if last.parent.is_dir() else None
-        if last is None:
-            return None
+    last = latest_checkpoint(out)
+    if last is None:
+        return None
     if not resume:
         raise ValueError(f"{out} already holds a run; set resume=true to continue it, or choose another "
                          f"name=/out_dir= (nothing was overwritten)")
@@ -236,14 +269,46 @@ def check_resumable(out: Path, cfg: Any, keys: tuple[str, ...], resume: bool = T
     return last
 
 
-def resumed_run_id(out: Path, cfg: Any, resume_from: Path | None) -> str | None:
+def latest_checkpoint(out: Path) -> Path | None:
+    """``out/checkpoints/last.ckpt``, else the newest intact ``step*.ckpt`` (a damaged ``last.ckpt`` is deleted,
+    as its refusal advises); None when there is none."""
+    last = out / "checkpoints" / "last.ckpt"
+    if last.exists():
+        return last
+    return newest_intact(last.parent) if last.parent.is_dir() else None
+
+
+def checkpoint_step(path: Path) -> int:
+    """The optimizer step a Lightning checkpoint was saved at (read through mmap: no tensor is copied)."""
+    return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True)["global_step"])
+
+
+def resume_note(out: Path) -> str:
+    """What a rerun does with a stopped stage that trained into ``out``: resumes from its checkpoint at step s,
+    or restarts (no checkpoint yet)."""
+    last = latest_checkpoint(out)
+    if last is None:
+        return "restarts: no checkpoint yet"
+    try:
+        return f"resumes from its checkpoint at step {checkpoint_step(last)}"
+    except Exception:  # noqa: BLE001 — cut short while being written: the rerun names the intact one it takes
+        return "resumes from its newest intact checkpoint"
+
+
+def resumed_run_id(out: Path, cfg: Any, resume_from: Path | None, keys: tuple[str, ...]) -> str | None:
     """The MLflow run that resuming ``out`` continues (None: a new run). An out_dir remembers its run's id;
     when this store does not hold that run (another store, or the store was deleted) it is one line naming
-    both ways out, never MLflow's traceback."""
+    both ways out, never MLflow's traceback. Without a checkpoint (stopped before its first) the same config's
+    unfinished run is continued from step 0 rather than a second run of the same name opened beside it."""
     file = out / RUN_ID_FILE
-    if resume_from is None or not file.exists():
+    if not file.exists():
         return None
     run_id, store = file.read_text().strip(), cfg.tracking.uri
+    if resume_from is None:
+        same = not config_differences(load_config(type(cfg), out / "config.yaml"), cfg, keys)
+        unfinished = tracking.has_run(cfg.tracking, run_id) and tracking.client(cfg.tracking).get_run(
+            run_id).info.status != "FINISHED"  # a finished run whose checkpoints were deleted is not reopened
+        return run_id if same and unfinished else None
     if tracking.has_run(cfg.tracking, run_id):
         return run_id
     saved = load_config(type(cfg), out / "config.yaml").tracking.uri
@@ -280,7 +345,17 @@ class OutDirCheckpoint(ModelCheckpoint):
             super().setup(trainer, pl_module, stage)
 
 
-def checkpoint_callback(out: Path, every: int, max_steps: int) -> ModelCheckpoint:
-    """``out/checkpoints/step*.ckpt`` every ``every`` optimizer steps (0: at the end) and ``last.ckpt``."""
-    return OutDirCheckpoint(dirpath=out / "checkpoints", filename="step{step:06d}", save_last=True,
-                            every_n_train_steps=every or max_steps, save_top_k=-1, auto_insert_metric_name=False)
+def checkpoint_callbacks(out: Path, cfg: TrainerConfig, max_steps: int) -> list[ModelCheckpoint]:
+    """``out/checkpoints/step*.ckpt`` every ``cfg.checkpoint_every_n_steps`` optimizer steps (0: at the end) and
+    ``last.ckpt`` then, and ``last.ckpt`` every ``cfg.checkpoint_minutes`` of training too (Lightning's
+    ``ModelCheckpoint`` takes a step or a time interval, not both: a second one writes only ``last.ckpt``; neither
+    counts versions, which would make the other's ``last.ckpt`` a ``last-v1.ckpt``)."""
+    every = cfg.checkpoint_every_n_steps or max_steps
+    steps = OutDirCheckpoint(dirpath=out / "checkpoints", filename="step{step:06d}", save_last=True,
+                             every_n_train_steps=every, save_top_k=-1, auto_insert_metric_name=False,
+                             enable_version_counter=False)
+    if not cfg.checkpoint_minutes:
+        return [steps]
+    return [steps, OutDirCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0,
+                                    train_time_interval=timedelta(minutes=cfg.checkpoint_minutes),
+                                    enable_version_counter=False)]

@@ -33,6 +33,23 @@ def fit_log_scale(ratios: list[float], lambdas: list[float]) -> tuple[float, flo
     return a, (1 - ss_res / ss_tot) if ss_tot > 0 else float("nan")
 
 
+def line_r2(x: Sequence[float], y: Sequence[float]) -> float:
+    """R^2 of the least-squares line ``y = c + b x`` (free intercept; NaN for a flat ``y`` or fewer than three
+    points, which a line always fits)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if len(x) < 3 or np.ptp(y) == 0 or np.ptp(x) == 0:
+        return float("nan")
+    slope, intercept = np.polyfit(x, y, 1)
+    return float(1 - ((y - intercept - slope * x) ** 2).sum() / ((y - y.mean()) ** 2).sum())
+
+
+def log_or_linear(ratios: Sequence[float], lambdas: Sequence[float]) -> tuple[float, float]:
+    """``(R^2 of lambda = c + b ln s, R^2 of lambda = c + b s)`` through the best lambda per position past L
+    (``ratios``: s > 1): two lines with one slope each, so the larger R^2 is the smaller residual. A rise in s
+    also has a positive slope in ln s; this tells the paper's law from it."""
+    return line_r2(np.log(np.asarray(ratios, dtype=np.float64)), lambdas), line_r2(ratios, lambdas)
+
+
 def best_on_grid(nll: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """The grid value with the lowest NLL along axis 1: ``nll`` (R, grid, ...) -> (R, ...)."""
     return grid[np.argmin(nll, axis=1)]

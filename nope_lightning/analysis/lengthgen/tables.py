@@ -14,69 +14,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from nope_lightning.analysis import markdown
-from nope_lightning.analysis.claims import NotMeasured, Outcome, Runs, measure
+from nope_lightning.analysis.lengthgen.claims import Runs, measure
+from nope_lightning.analysis.markdown import MISSING, cell, markdown_table
+from nope_lightning.analysis.verdicts import NotMeasured, Outcome
 from nope_lightning.config import paper
 from nope_lightning.config.paper import Claim
-from nope_lightning.config.pipeline import PipelineConfig
 from nope_lightning.numerics.stats import UNIT, Interval, t_interval, wilson
 from nope_lightning.results.evaluation import Curve, EvaluationResult
-
-MISSING = "—"
-
-
-#: Marks an interval that does not contain its own estimate (``Interval.covers_estimate``).
-BIASED = "†"
-BIASED_NOTE = (f"{BIASED} The estimate lies outside its bootstrap interval: resampling biases this statistic (a "
-               "non-smooth one, such as an R^2 of per-position best-lambda fits), so the interval shows the spread, "
-               "not where the value lies.")
-
-
-@dataclass(frozen=True)
-class Methods:
-    """What experiment files say of their methods (step labels) for the report: the ``reference`` every method
-    is paired against ('': none) and the ``more_references`` each with a paired table of its own, the paper row
-    each method is printed beside (``rows[table][method]``, ``table`` a key of ``paper.ROWS``), and the NoPE
-    family (drawn apart from the baselines)."""
-
-    reference: str = ""
-    rows: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    nope_family: frozenset[str] = frozenset()
-    more_references: tuple[str, ...] = ()
-
-    @classmethod
-    def of(cls, *pipelines: PipelineConfig | None) -> Methods:
-        """The files' own (their steps' ``paper`` and ``family``; the references of the first file): a report over
-        several pipeline runs (a study split into files) knows every file's methods; none without a file."""
-        files = [p for p in pipelines if p is not None]
-        if not files:
-            return cls()
-        steps = {step.label or step.id: step for pipeline in files for step in pipeline.steps}
-        rows = {table: {m: step.paper[table] for m, step in steps.items() if table in step.paper}
-                for table in paper.ROWS}
-        return cls(files[0].reference, rows, frozenset(m for m, step in steps.items() if step.family == "nope"),
-                   tuple(files[0].more_references))
-
-    @property
-    def references(self) -> tuple[str, ...]:
-        """Every method a paired table compares with, the reference first."""
-        return tuple(m for m in (self.reference, *self.more_references) if m)
-
-    def paper_rows(self, table: str) -> Mapping[str, str]:
-        """method -> its row of the paper's ``table``."""
-        return self.rows.get(table, {})
-
-
-def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
-    """A markdown table (cells escaped: ``markdown_table.render``); a footnote follows it when a cell carries
-    the ``BIASED`` mark."""
-    note = any(BIASED in str(c) for row in rows for c in row)
-    return markdown.render(header, rows) + (f"\n\n{BIASED_NOTE}" if note else "")
 
 
 def seed_note(runs: Runs) -> str:
@@ -85,16 +32,6 @@ def seed_note(runs: Runs) -> str:
     if seeds > 1:
         return f"{seeds} seeds: mean over seeds, [95 % t interval across seeds]"
     return "1 seed: [95 % interval of the run: bootstrap over blocks of windows, Wilson for passkey]"
-
-
-def cell(interval: Interval | None, show: Callable[[float], str] = "{:.2f}".format) -> str:
-    """'estimate [low, high]', marked ``BIASED`` when the interval misses its estimate; '—' when missing."""
-    if interval is None or math.isnan(interval.estimate):
-        return MISSING
-    if math.isnan(interval.low) or math.isnan(interval.high):
-        return show(interval.estimate)
-    mark = "" if interval.covers_estimate else BIASED
-    return f"{show(interval.estimate)} [{show(interval.low)}, {show(interval.high)}]{mark}"
 
 
 def across(by_seed: Mapping[int | None, EvaluationResult], value: Callable[[EvaluationResult], float | None],

@@ -14,10 +14,10 @@ from collections.abc import Iterable
 import numpy as np
 from matplotlib.figure import Figure  # no pyplot: no global state
 
-from nope_lightning.analysis import synthetic_grid
-from nope_lightning.analysis.attention_claims import T5_CLOSEST, attention_index, claim_tasks
-from nope_lightning.analysis.claim_tests import NotMeasured
 from nope_lightning.analysis.report_frame import Plot, over_seeds, seeds
+from nope_lightning.analysis.synthetic import grid as synthetic_grid
+from nope_lightning.analysis.synthetic.attention_claims import T5_CLOSEST, attention_index, claim_tasks
+from nope_lightning.analysis.verdicts import NotMeasured
 from nope_lightning.config.synthetic import PAPER_NAMES, PAPER_PES
 from nope_lightning.results.synthetic import SyntheticGridResult
 

@@ -20,27 +20,26 @@ scale the geometric mean with its back-transformed bounds). One seed has no spre
 ``NO_SEED_VERDICT`` and still reports its effect with the evaluation interval. Before any of that: *untestable*
 when a precondition fails (the claim means nothing here), *not measured* when the runs it needs are missing. A
 claim that presupposes retrieval (``Claim.presupposes_retrieval``) leaves out the seeds whose NoPE did not learn
-it (``retrieval_by_seed``); every other claim keeps them. ``verdict`` (the two-sided t interval against the
-threshold) stays for paper 002's claims, which declare no test.
+it (``retrieval_by_seed``); every other claim keeps them. ``Outcome``, ``NotMeasured`` and the two-sided
+``verdict`` that paper 002's claims read are both papers' (``analysis/verdicts.py``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
-from nope_lightning.analysis.claim_tests import (
+from nope_lightning.analysis.lengthgen.claim_tests import (
     TESTS,
     Evidence,
-    NotMeasured,
     Runs,
     common_seeds,
     logppl_inflection,
     run_result,
 )
-from nope_lightning.analysis.inflection import inflected
+from nope_lightning.analysis.lengthgen.inflection import inflected
+from nope_lightning.analysis.verdicts import NO_SEED_VERDICT, NotMeasured, Outcome
 from nope_lightning.config.paper import RETRIEVAL_LEARNED, Claim, Precondition
 from nope_lightning.numerics.stats import (
     ONE_SIDED,
@@ -51,85 +50,71 @@ from nope_lightning.numerics.stats import (
     t_interval,
 )
 
-#: What a one-seed run says instead of a verdict.
-NO_SEED_VERDICT = "1 seed: no verdict about seeds"
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """A claim's result: the evaluation-only interval (``interval``, pooled bootstrap; ``interval.per_seed``:
-    each seed's effect), the t interval across seeds its test reads (``across``) and the prediction interval for
-    one new seed (``prediction``), both NaN-bounded with one seed; the verdict, and a reason when there is no
-    effect (untestable, not measured); ``excluded``: (seed, NoPE's passkey accuracy inside L) of the seeds left
-    out because their NoPE did not learn retrieval; ``aside``: per seed, the effect of the view the paper plotted
-    where the verdict reads another (Fig 5: the tuned model's entropy)."""
-
-    claim: Claim
-    verdict: str
-    interval: Interval | None = None
-    seeds: tuple[int | None, ...] = ()
-    reason: str = ""
-    across: Interval | None = None
-    prediction: Interval | None = None
-    excluded: tuple[tuple[int | None, float], ...] = ()
-    aside: tuple[float, ...] = ()
-
-    @property
-    def on_side(self) -> int:
-        """How many seeds' own estimates lie on the claim's side of its threshold."""
-        return sum(on_side(self.claim, e) for e in self.interval.per_seed) if self.interval else 0
-
-
 # --- verdicts ----------------------------------------------------------------------------------------------
 
 
-def on_side(claim: Claim, value: float) -> bool:
-    if math.isnan(value):
-        return False
-    if claim.side == "within":
-        return abs(value) <= claim.threshold
-    return value > claim.threshold if claim.side == "above" else value < claim.threshold
+#: The fewest seeds a verdict is given on: the rule never penalises a stronger seed, so with n seeds "every seed on
+#: the claim's side" is reproduced, a chance of at least 2^-n under no effect (``rule_size.null_size``: 12.5 % with
+#: 3 seeds, 7.6 % with 4), above the test's 5 % until n = 5 (6.3 %, 2^-5 = 3.1 %).
+MIN_VERDICT_SEEDS = 5
 
 
-def verdict(claim: Claim, across: Interval) -> str:
-    """reproduced / not reproduced / inconclusive from the t interval across seeds ``across`` (``per_seed``: the
-    seeds' effects); ``NO_SEED_VERDICT`` with fewer than two seeds."""
-    if len(across.per_seed) < 2:
-        return NO_SEED_VERDICT
-    low, high, t = across.low, across.high, claim.threshold
-    if math.isnan(low) or math.isnan(high):
-        return "inconclusive"
-    if claim.side == "within":
-        clears, excludes = -t <= low and high <= t, high < -t or low > t
-    elif claim.side == "above":
-        clears, excludes = low > t, high <= t
-    else:
-        clears, excludes = high < t, low >= t
-    return "reproduced" if clears else "not reproduced" if excludes else "inconclusive"
+def few_seeds_verdict(seeds: int) -> str:
+    """What a claim with 2 to ``MIN_VERDICT_SEEDS - 1`` seeds says instead of a verdict."""
+    return f"{seeds} seeds: no verdict (fewer than {MIN_VERDICT_SEEDS})"
+
+
+def on_scale(claim: Claim, effects: tuple[float, ...]) -> np.ndarray:
+    """The per-seed ``effects`` on the scale ``claim``'s test reads (log scale: ln, -inf or NaN for a seed's effect
+    <= 0, which the log scale cannot hold and which then fails the claim)."""
+    values = np.asarray(effects, dtype=np.float64)
+    if claim.scale != "log":
+        return values
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(values)
+
+
+def margin_on_scale(claim: Claim, margin: float) -> float:
+    return math.log(margin) if claim.scale == "log" else margin
+
+
+def back(claim: Claim, interval: Interval, effects: tuple[float, ...]) -> Interval:
+    """An interval computed on the claim's scale, in the effect's own units (log scale: exponentiated)."""
+    if claim.scale != "log":
+        return interval
+    return Interval(math.exp(interval.estimate), math.exp(interval.low), math.exp(interval.high), interval.level,
+                    tuple(effects))
 
 
 def judge(claim: Claim, effects: tuple[float, ...]) -> tuple[str, Interval]:
     """The verdict of ``claim``'s declared test on its per-seed ``effects`` (``stats.monotone_verdict``) and the
     interval that test reads: the two-sided ``2 ONE_SIDED - 1`` (90 %) t interval on the claim's scale, back on
     the effect's own units (log scale: the geometric mean and exponentiated bounds; NaN bounds when a seed's
-    effect is <= 0, which the log scale cannot hold and which then fails the claim). One seed:
-    ``NO_SEED_VERDICT``."""
+    effect is <= 0, which the log scale cannot hold and which then fails the claim). *partial* when the claim
+    declares a weaker margin (``Claim.partial``) that the test clears while the claim's own margin is not cleared.
+    One seed: ``NO_SEED_VERDICT``; fewer than ``MIN_VERDICT_SEEDS``: ``few_seeds_verdict``."""
     level = 2 * ONE_SIDED - 1
-    if claim.scale != "log":
-        across = t_interval(effects, level)
-        if len(effects) < 2:
-            return NO_SEED_VERDICT, across
-        return monotone_verdict(effects, claim.threshold, claim.side), across
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logs = np.log(np.asarray(effects, dtype=np.float64))
-    finite = bool(np.isfinite(logs).all())
-    scaled = t_interval(logs if finite else np.zeros_like(logs), level)
-    across = Interval(math.exp(scaled.estimate), math.exp(scaled.low), math.exp(scaled.high), level,
-                      tuple(effects)) if finite else Interval(float(np.mean(effects)), math.nan, math.nan, level,
-                                                              tuple(effects))
+    scaled = on_scale(claim, effects)
+    across = (back(claim, t_interval(scaled, level), effects) if np.isfinite(scaled).all()
+              else Interval(float(np.mean(effects)), math.nan, math.nan, level, tuple(effects)))
     if len(effects) < 2:
         return NO_SEED_VERDICT, across
-    return monotone_verdict(logs, math.log(claim.threshold), claim.side), across
+    if len(effects) < MIN_VERDICT_SEEDS:
+        return few_seeds_verdict(len(effects)), across
+    found = monotone_verdict(scaled, margin_on_scale(claim, claim.threshold), claim.side)
+    if found != "reproduced" and claim.partial is not None and monotone_verdict(
+            scaled, margin_on_scale(claim, claim.partial), claim.side) == "reproduced":
+        return "partial", across
+    return found, across
+
+
+def new_seed_interval(claim: Claim, effects: tuple[float, ...]) -> Interval:
+    """The 95 % prediction interval for one new seed's effect on the claim's scale, in the effect's units (log
+    scale: exponentiated, a geometric interval; NaN bounds when a seed's effect is <= 0)."""
+    scaled = on_scale(claim, effects)
+    if not np.isfinite(scaled).all():
+        return Interval(float(np.mean(effects)), math.nan, math.nan, per_seed=tuple(effects))
+    return back(claim, prediction_interval(scaled), effects)
 
 
 def measure(test: str, claim: Claim, runs: Runs, resamples: int, seed: int = 0) -> tuple[Interval, tuple]:
@@ -249,5 +234,5 @@ def evaluate_claim(claim: Claim, runs: Runs, resamples: int) -> Outcome:
             reason += " (this claim is tested only where the file runs its methods)"
         return Outcome(claim, "not measured", reason=reason, excluded=excluded)
     found, across = judge(claim, interval.per_seed)
-    return Outcome(claim, found, interval, seeds, across=across, prediction=prediction_interval(interval.per_seed),
+    return Outcome(claim, found, interval, seeds, across=across, prediction=new_seed_interval(claim, interval.per_seed),
                    excluded=excluded, aside=evidence.aside)

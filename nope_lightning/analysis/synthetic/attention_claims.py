@@ -1,5 +1,5 @@
 """Paper 002's attention claim (Kazemnejad et al. 2023, §6 and Fig 4: NoPE's attention is most similar to T5's),
-tested on synthetic-grid attention analyses with ``synthetic_claims``' types and ``claims.verdict``, and the per-layer
+tested on synthetic-grid attention analyses with ``claims``' types and ``verdicts.verdict``, and the per-layer
 JSD table it is read against.
 
 Input: the ``SyntheticGridResult``s of one or more grids (a study may spread its tasks or seeds over several files),
@@ -7,18 +7,18 @@ each (task, seed) in one of them; grids run with a scratchpad are not read (they
 seed) and PE (paper name): its per-layer min-head Jensen–Shannon divergence to the NoPE model of the same seed (nats,
 0 <= JSD <= ln 2), mean over the analysed lengths, ID and OOD (``TaskAttention.by_seed``); and the NoPE-vs-NoPE floor,
 NoPE of that seed against NoPE of the grid's previous seed on the same inputs (``floor_by_seed``;
-``analysis.synthetic_grid.floor_partner``: a grid's first seed has none).
+``analysis.synthetic.grid.floor_partner``: a grid's first seed has none).
 
 Choices:
 
 * **Statistic**, per seed: the smallest of ALiBi's, Rotary's and APE's JSD to NoPE minus T5's, each the mean over
   layers (each layer weighing the same, as Fig 4's right panel). > 0: T5 is the closest; an ordering, so the threshold
-  is 0, as for the MRR claims. The closest rival is picked per seed, which errs against T5 (``synthetic_claims``' best
+  is 0, as for the MRR claims. The closest rival is picked per seed, which errs against T5 (``claims``' best
   rival).
 * **Task**: SCAN, the paper's; where no grid analysed it, the mean over every analysed task of each seed's effect, the
   claims table saying so (SCAN "left out").
-* **Verdict**: ``claims.verdict`` on the Student t interval (df = n - 1) across the seeds every task used has; one seed
-  gets none. There is no evaluation-only interval: the analysis keeps per-length means, not per-example JSDs.
+* **Verdict**: ``verdicts.verdict`` on the Student t interval (df = n - 1) across the seeds every task used has; one
+  seed gets none. There is no evaluation-only interval: the analysis keeps per-length means, not per-example JSDs.
 * **The floor is reported beside the claim** (``attention_table``: the floor per layer and T5 minus it, each with its
   interval), not a precondition: (1) a PE's model shares its seed's initial weights and batch order with that seed's
   NoPE, two NoPE seeds share neither, so a PE may lie below the floor by its seed alone: the floor scales "close",
@@ -37,11 +37,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from nope_lightning.analysis.claim_tests import NotMeasured
-from nope_lightning.analysis.claims import verdict
-from nope_lightning.analysis.markdown import render
-from nope_lightning.analysis.synthetic_claims import EXPLICIT, NONE, SyntheticClaim, SyntheticOutcome
-from nope_lightning.analysis.tables import MISSING, cell
+from nope_lightning.analysis.markdown import MISSING, cell, render
+from nope_lightning.analysis.synthetic.claims import EXPLICIT, NONE, SyntheticClaim, SyntheticOutcome
+from nope_lightning.analysis.verdicts import NotMeasured, verdict
 from nope_lightning.config.synthetic import PAPER_NAMES
 from nope_lightning.numerics.stats import Interval, prediction_interval, t_interval
 from nope_lightning.results.synthetic import SyntheticGridResult
@@ -132,7 +130,7 @@ def _closest(claim: SyntheticClaim, index: dict[str, dict[int, SeedJSD]]) -> Syn
 
 
 def evaluate_attention_claims(grids: Iterable[SyntheticGridResult]) -> list[SyntheticOutcome]:
-    """Each attention claim's outcome on ``grids`` (``synthetic_claims.claims_table`` renders them); a claim whose
+    """Each attention claim's outcome on ``grids`` (``claims.claims_table`` renders them); a claim whose
     values are missing is *not measured*, with the reason."""
     index, outcomes = attention_index(grids), []
     for claim in ATTENTION_CLAIMS:

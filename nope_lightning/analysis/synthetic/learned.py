@@ -1,7 +1,7 @@
 """Which of paper 002's tasks a study's recipes learn: per task, each PE's in-distribution exact match (the validation
 split at the training lengths, mean over seeds), how many of the PEs reach ``ID_FLOOR`` and whether the task counts
 as learned, i.e. ``LEARNED_BY`` of the 5 PEs reach it (the goal a recipe is chosen for, and the rule by which
-``synthetic_claims`` lets a task into the PE-vs-PE claims and our MRR). Tasks without a scratchpad
+``claims`` lets a task into the PE-vs-PE claims and our MRR). Tasks without a scratchpad
 only; a task of the paper that has no cells is listed as not run, so a partial study says what it lacks.
 """
 
@@ -11,9 +11,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from nope_lightning.analysis.synthetic_cells import NONE
-from nope_lightning.analysis.synthetic_claims import ID_FLOOR, LEARNED_BY, PAPER_TASKS, RANKED, learned
-from nope_lightning.analysis.tables import MISSING, markdown_table
+from nope_lightning.analysis.markdown import MISSING, markdown_table
+from nope_lightning.analysis.synthetic.cells import NONE
+from nope_lightning.analysis.synthetic.claims import ID_FLOOR, LEARNED_BY, PAPER_TASKS, RANKED, learned
 from nope_lightning.config.synthetic import PAPER_NAMES
 from nope_lightning.results.synthetic import SyntheticCell
 

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from nope_lightning.analysis import plots
-from nope_lightning.analysis.claims import NotMeasured, Runs, measure
-from nope_lightning.analysis.tables import cell, markdown_table
+from nope_lightning.analysis.lengthgen import plots
+from nope_lightning.analysis.lengthgen.claims import Runs, measure
+from nope_lightning.analysis.markdown import cell, markdown_table
+from nope_lightning.analysis.verdicts import NotMeasured
 from nope_lightning.config.paper import Claim
 from nope_lightning.config.pipeline import SWEEP_ROLES
 from nope_lightning.numerics.stats import Interval

@@ -1,16 +1,16 @@
-"""Paper 002's claims (Kazemnejad et al. 2023) as data, tested on synthetic-grid cells as ``claims.py`` tests paper
-001's: an effect per seed, a 95 % interval across seeds that the verdict reads (``claims.verdict``), a prediction
-interval for one new seed, and an evaluation-only interval (models held fixed; never read by a verdict). Input: the
-``SyntheticCell``s of one or more grids, one per (task, scratchpad, PE, seed). Accuracies are exact match in [0, 1],
-out of distribution (OOD: the test split) unless named ID (the validation split, training lengths).
+"""Paper 002's claims (Kazemnejad et al. 2023) as data, tested on synthetic-grid cells as ``lengthgen/claims.py`` tests
+paper 001's: an effect per seed, a 95 % interval across seeds that the verdict reads (``verdicts.verdict``), a
+prediction interval for one new seed, and an evaluation-only interval (models held fixed; never read by a verdict).
+Input: the ``SyntheticCell``s of one or more grids, one per (task, scratchpad, PE, seed). Accuracies are exact match
+in [0, 1], out of distribution (OOD: the test split) unless named ID (the validation split, training lengths).
 
 Choices where the paper leaves room:
 
 * **MRR, two ways.** *Ours* (what the verdicts read; ``mrr_intervals``): one query per (task, seed) of the tasks
   passing the ID precondition, scored by OOD exact match, the five PEs ranked, tied PEs sharing their average rank
-  (``analysis.synthetic_grid.mrr_with_ties``): exact match ties often (0 on hard tasks, 1 on easy ones). *The paper's*
+  (``analysis.synthetic.grid.mrr_with_ties``): exact match ties often (0 on hard tasks, 1 on easy ones). *The paper's*
   (``paper_way_mrr``, printed beside ours, never a verdict): every query of all 17 tasks, no ID filter, ties broken
-  by the reference's row order (``analysis.synthetic_grid.paper_mrr``: NoPE, listed last, loses every tie); with any of
+  by the reference's row order (``analysis.synthetic.grid.paper_mrr``: NoPE, listed last, loses every tie); with any of
   the 17 tasks missing it says which, and is not set beside the paper's numbers.
 * **Too few tasks**: a claim over fewer than ``MIN_TASKS`` learned tasks gets no verdict ("too few tasks
   learned"): with 2 tasks, a bootstrap over tasks has 3 distinct task draws, and a claim about PEs in general
@@ -49,10 +49,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from nope_lightning.analysis.claim_tests import NotMeasured
-from nope_lightning.analysis.claims import NO_SEED_VERDICT, Outcome, verdict
-from nope_lightning.analysis.markdown import Footnotes
-from nope_lightning.analysis.synthetic_cells import (
+from nope_lightning.analysis.markdown import MISSING, Footnotes, cell, markdown_table
+from nope_lightning.analysis.synthetic.cells import (
     FULL,
     NONE,
     CellIndex,
@@ -60,8 +58,8 @@ from nope_lightning.analysis.synthetic_cells import (
     accuracy,
     paired_bootstrap,
 )
-from nope_lightning.analysis.synthetic_grid import PaperMRR, mrr_with_ties, paper_mrr
-from nope_lightning.analysis.tables import MISSING, cell, markdown_table
+from nope_lightning.analysis.synthetic.grid import PaperMRR, mrr_with_ties, paper_mrr
+from nope_lightning.analysis.verdicts import NO_SEED_VERDICT, NotMeasured, Outcome, verdict
 from nope_lightning.config.paper import SYNTHETIC_MRR, Claim, Precondition
 from nope_lightning.config.synthetic import PAPER_NAMES
 from nope_lightning.numerics.stats import Interval, crossed_bootstrap, prediction_interval, t_interval
@@ -94,7 +92,7 @@ def learned(id_means: Iterable[float], need: int = LEARNED_BY, floor: float = ID
 
 @dataclass(frozen=True)
 class SyntheticClaim(Claim):
-    """A claim of paper 002 as paper 001's ``Claim`` (its ``rule``, ``claims.verdict`` and ``Outcome`` apply).
+    """A claim of paper 002 as paper 001's ``Claim`` (its ``rule``, ``verdicts.verdict`` and ``Outcome`` apply).
     ``test``: this module's statistic (``mrr_margin``, ``ood_margin``, ``scratchpad_split``); ``methods``: the PEs it
     reads, the claimed one first; ``rivals``: those it is measured against (effect: its value minus the best rival's);
     ``tasks``: its tasks (empty: all); ``preconditions``: ``id_exact_match_at_least``, applied task by task: at least
@@ -159,7 +157,7 @@ SYNTHETIC_CLAIMS: tuple[SyntheticClaim, ...] = (
 
 @dataclass(frozen=True)
 class SyntheticOutcome(Outcome):
-    """``claims.Outcome`` with the tasks the effect is computed over, those left out (task, why) and the PEs compared on
+    """``verdicts.Outcome`` with the tasks the effect is computed over, those left out (task, why) and the PEs compared on
     a learned task below the ID floor (task, who). The scratchpad
     claim's has one outcome per task in ``by_task`` (the verdict of "it helps this task"; ``interval``: the
     evaluation-only interval, None without per-example results) and no interval of its own."""
@@ -214,7 +212,7 @@ def _passing(claim: SyntheticClaim, grid: np.ndarray, tasks: Sequence[str], colu
 
 
 def _verdict(claim: SyntheticClaim, across: Interval, tasks: int) -> str:
-    """``claims.verdict``, or ``TOO_FEW`` over fewer than ``MIN_TASKS`` tasks."""
+    """``verdicts.verdict``, or ``TOO_FEW`` over fewer than ``MIN_TASKS`` tasks."""
     return verdict(claim, across) if tasks >= MIN_TASKS else TOO_FEW
 
 
@@ -324,7 +322,7 @@ def mrr_intervals(cells: Iterable[SyntheticCell], resamples: int = 1000) -> tupl
 
 
 def paper_way_mrr(cells: Iterable[SyntheticCell]) -> PaperMRR:
-    """Each PE's MRR as the paper computes it (``analysis.synthetic_grid.paper_mrr``): every (task, seed) query without
+    """Each PE's MRR as the paper computes it (``analysis.synthetic.grid.paper_mrr``): every (task, seed) query without
     a scratchpad, no ID floor, ties to the PE the reference lists first; it names the paper's tasks missing here
     (a task without every PE at every seed among them: ``CellIndex.complete``). ``NotMeasured`` when no task is
     complete or none lacks a scratchpad."""

@@ -1,4 +1,4 @@
-"""Paper 002's synthetic-grid cells as the claims read them (``synthetic_claims``): one ``SyntheticCell`` per (task,
+"""Paper 002's synthetic-grid cells as the claims read them (``claims``): one ``SyntheticCell`` per (task,
 scratchpad, PE, seed), indexed, laid out as (seeds, tasks, columns) grids, and each cell's exact match with its Wilson
 interval. Accuracies are exact match in [0, 1]: "id" the validation split (training lengths), "ood" the test split."""
 
@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from nope_lightning.analysis.claim_tests import NotMeasured
+from nope_lightning.analysis.verdicts import NotMeasured
 from nope_lightning.numerics.stats import Interval, bootstrap, wilson
 from nope_lightning.results.synthetic import SyntheticCell
 

@@ -180,3 +180,29 @@ def learned_vs_entropy(entropy: np.ndarray, table: np.ndarray, target_len: int, 
     ax.legend(fontsize=7, ncol=max(1, n_layer // 8))
     fig.tight_layout()
     return fig
+
+
+def head_grids(panels: Mapping[str, np.ndarray], columns: int = 4):
+    """Fig 3 style: one (layer x head) heat map of attention entropy (nats) per ``title -> (n_layer, n_head)``
+    matrix, side by side on one shared colour scale, each cell printed."""
+    cols = min(columns, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    n_layer, n_head = next(iter(panels.values())).shape
+    fig, axes = plt.subplots(rows, cols, figsize=(1.2 + 0.65 * n_head * cols, 0.8 + 0.3 * n_layer * rows),
+                             squeeze=False, layout="constrained")
+    low = min(float(np.nanmin(m)) for m in panels.values())
+    high = max(float(np.nanmax(m)) for m in panels.values())
+    for ax, (title, matrix) in zip(axes.flat, panels.items(), strict=False):
+        image = ax.imshow(matrix, aspect="auto", cmap="viridis", vmin=low, vmax=high, interpolation="nearest")
+        for (layer, head), value in np.ndenumerate(matrix):
+            ax.text(head, layer, f"{value:.1f}", ha="center", va="center", fontsize=6,
+                    color="black" if value > (low + high) / 2 else "white")
+        ax.set_xticks(range(n_head))
+        ax.set_yticks(range(n_layer))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(title, fontsize=8)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    fig.colorbar(image, ax=axes, label="entropy (nats)")
+    return fig

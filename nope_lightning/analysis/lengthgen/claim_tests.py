@@ -15,8 +15,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nope_lightning.analysis.inflection import inflection
-from nope_lightning.analysis.log_law import best_on_grid, bucket_best, log_slope_batch, position_buckets_past
+from nope_lightning.analysis.lengthgen.inflection import inflection
+from nope_lightning.analysis.lengthgen.log_law import (
+    best_on_grid,
+    bucket_best,
+    log_slope_batch,
+    position_buckets_past,
+)
+from nope_lightning.analysis.verdicts import NotMeasured
 from nope_lightning.config.paper import INFLECTION_ENTROPY, INFLECTION_LOGPPL, Claim
 from nope_lightning.numerics.stats import block_size, blocks, spearman
 from nope_lightning.results.evaluation import EvaluationResult
@@ -41,10 +47,6 @@ class Evidence:
     statistic: Statistic | tuple[Statistic, ...] | None = None
     values: tuple[float, ...] = ()
     aside: tuple[float, ...] = ()
-
-
-class NotMeasured(Exception):
-    """A run or a figure a test needs is missing; the message says which."""
 
 
 # --- what each test reads from a run ---------------------------------------------------------------------

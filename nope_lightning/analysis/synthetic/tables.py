@@ -1,4 +1,4 @@
-"""The synthetic report's exact-match and MRR tables (``analysis.synthetic_claims`` computes what they show): per
+"""The synthetic report's exact-match and MRR tables (``analysis.synthetic.claims`` computes what they show): per
 (task, scratchpad, seed) each PE's exact match with its Wilson interval, in distribution and out; each PE's MRR our
 way and the paper's, labelled apart."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from nope_lightning.analysis.claim_tests import NotMeasured
-from nope_lightning.analysis.synthetic_cells import NONE, CellIndex, exact_match
-from nope_lightning.analysis.synthetic_claims import (
+from nope_lightning.analysis.markdown import MISSING, cell, markdown_table
+from nope_lightning.analysis.synthetic.cells import NONE, CellIndex, exact_match
+from nope_lightning.analysis.synthetic.claims import (
     ID_FLOOR,
     LEARNED_BY,
     PAPER_TASKS,
@@ -17,7 +17,7 @@ from nope_lightning.analysis.synthetic_claims import (
     paper_way_mrr,
     ranked,
 )
-from nope_lightning.analysis.tables import MISSING, cell, markdown_table
+from nope_lightning.analysis.verdicts import NotMeasured
 from nope_lightning.config.paper import SYNTHETIC_MRR
 from nope_lightning.config.synthetic import PAPER_NAMES
 from nope_lightning.results.synthetic import SyntheticCell
