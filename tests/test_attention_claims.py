@@ -21,7 +21,6 @@ from nope_lightning.analysis.synthetic.attention_claims import (
     attention_table,
     evaluate_attention_claims,
 )
-from nope_lightning.analysis.synthetic.claims import claims_table
 from nope_lightning.analysis.synthetic.grid import (
     AttentionReport,
     analyse_attention,
@@ -31,6 +30,7 @@ from nope_lightning.analysis.synthetic.grid import (
     min_head_jsd,
     task_attention,
 )
+from nope_lightning.analysis.synthetic.tables import claims_table
 from nope_lightning.analysis.verdicts import NO_SEED_VERDICT
 from nope_lightning.config import load_config
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig

@@ -16,14 +16,10 @@ from scipy import stats as scipy_stats
 from nope_lightning.analysis.lengthgen.claim_tests import head_rank, untuned_head_entropy
 from nope_lightning.analysis.lengthgen.claims import evaluate_claim, judge, retrieval_by_seed
 from nope_lightning.analysis.lengthgen.inflection import inflection
-from nope_lightning.analysis.lengthgen.report_sections import (
-    changed_rules_section,
-    claims_table,
-    retrieval_line,
-    retrieval_table,
-)
+from nope_lightning.analysis.lengthgen.report_sections import claims_table, retrieval_line, retrieval_table
 from nope_lightning.analysis.lengthgen.tables import paired_table
 from nope_lightning.analysis.markdown import BIASED, BIASED_NOTE
+from nope_lightning.analysis.rule_changes import changed_rules_section
 from nope_lightning.analysis.verdicts import NO_SEED_VERDICT, NotMeasured, Outcome, verdict
 from nope_lightning.config import pipeline as pipeline_config
 from nope_lightning.config.claim_rules import RuleChange, claim_problem

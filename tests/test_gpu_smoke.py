@@ -28,6 +28,7 @@ def smoke():
     return module
 
 
+@pytest.mark.slow  # ~38 s on 2 CPU cores: the script is the device's check; CI keeps its time for the CPU paths
 def test_tiny_cpu_run_prints_every_field(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--size", "tiny", "--steps", "6",

@@ -22,6 +22,7 @@ def run_cli(args: list[str], cwd) -> dict:
     return json.loads(done.stdout)
 
 
+@pytest.mark.slow  # ~38 s on 2 CPU cores; run with -m slow before touching the evaluation's sharding
 def test_evaluate_on_two_processes_equals_one_process(tiny_pretrained, tmp_path):
     args = ["evaluate", f"checkpoint={tiny_pretrained['model']}", *tiny_pretrained["tracking"],
             "eval_lengths=[64,128]", "ppl_tokens=512", "passkey_keys=1", "passkey_depths=2",

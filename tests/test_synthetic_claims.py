@@ -24,14 +24,13 @@ from nope_lightning.analysis.synthetic.claims import (
     PRIMITIVE_TASKS,
     SYNTHETIC_CLAIMS,
     TOO_FEW,
-    claims_table,
     evaluate_claims,
     learned,
     mrr_intervals,
     paper_way_mrr,
 )
 from nope_lightning.analysis.synthetic.grid import PAPER_ROW_ORDER, mrr_row_order, mrr_with_ties, paper_mrr
-from nope_lightning.analysis.synthetic.tables import exact_match_table
+from nope_lightning.analysis.synthetic.tables import claims_table, exact_match_table
 from nope_lightning.analysis.verdicts import NO_SEED_VERDICT, NotMeasured
 from nope_lightning.config import load_config
 from nope_lightning.config.paper import SYNTHETIC_MRR

@@ -97,7 +97,8 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+# Seed 0 in CI; seeds 1 and 2 (~14 s each on 2 CPU cores) with -m slow.
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
 def test_ape_learns_reverse_in_distribution(seed, one_thread):
     # Measured: 1.00 for every seed; with the GPT-2 token scale (0.02) 0.05 / 0.30 / 0.49.
     assert reverse_id_accuracy(seed) >= 0.95

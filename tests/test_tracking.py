@@ -1,4 +1,5 @@
-"""Our MLflow experiment is marked as model training (MLflow 3's experiment kind), new or found without a kind."""
+"""Our MLflow experiment is marked as model training (MLflow 3's experiment kind), new or found without a kind;
+a step's run that a stop left KILLED is continued by its rerun."""
 
 from __future__ import annotations
 
@@ -33,3 +34,28 @@ def test_an_existing_experiment_gets_the_kind_it_lacks_and_keeps_one_it_has(tmp_
     assert kind(older, older_id) is None
     assert tracking.experiment_id(older) == older_id and kind(older, older_id) == "custom_model_development"
     assert tracking.experiment_id(chosen) == chosen_id and kind(chosen, chosen_id) == "genai_development"
+
+
+def test_a_step_s_killed_run_is_continued_not_opened_again(tmp_path):
+    """Under a pipeline run, a step run that a stop left KILLED is continued when the same step (stage and config)
+    runs again: RUNNING, owned by this process, one row in the UI; a changed config, a FINISHED or FAILED run, or a
+    run outside a pipeline gets a new run."""
+    import dataclasses
+
+    parent = tracking.create_run(store(tmp_path), "pipeline", "p", store(tmp_path))
+    cfg = dataclasses.replace(store(tmp_path), parent_run_id=parent)
+    config = store(tmp_path, "a step's resolved config")  # any config dataclass
+    first = tracking.create_run(cfg, "evaluate", "eval", config)
+    tracking.end_run(cfg, first, "KILLED")
+    assert tracking.create_run(cfg, "evaluate", "eval", config) == first
+    run = tracking.client(cfg).get_run(first)
+    assert run.info.status == "RUNNING" and run.data.tags[tracking.OWNER_TAG] == tracking.owner()
+    tracking.end_run(cfg, first, "KILLED")
+    assert tracking.create_run(cfg, "evaluate", "eval", dataclasses.replace(config, experiment="b")) != first
+    assert tracking.create_run(cfg, "scale-search", "eval", config) != first  # another stage
+    tracking.end_run(cfg, first, "FAILED")
+    assert tracking.create_run(cfg, "evaluate", "eval", config) != first
+    alone = store(tmp_path)  # no pipeline: every run is its own
+    killed = tracking.create_run(alone, "evaluate", "eval", config)
+    tracking.end_run(alone, killed, "KILLED")
+    assert tracking.create_run(alone, "evaluate", "eval", config) != killed

@@ -18,7 +18,8 @@ from nope_lightning.analysis.lengthgen.claims import MIN_VERDICT_SEEDS, judge, n
 from nope_lightning.analysis.lengthgen.log_law import log_or_linear
 from nope_lightning.analysis.lengthgen.report_sections import claims_table
 from nope_lightning.analysis.lengthgen.rule_size import bound_read, hull_lower_bounds, null_size, sign_test
-from nope_lightning.analysis.lengthgen.verdict_cells import declared_note, exploratory_note, magnitude_cell
+from nope_lightning.analysis.lengthgen.verdict_cells import declared_note, magnitude_cell
+from nope_lightning.analysis.rule_changes import exploratory_note
 from nope_lightning.analysis.verdicts import Outcome
 from nope_lightning.config.claim_rules import RuleChange
 from nope_lightning.config.paper import CLAIMS_BY_ID

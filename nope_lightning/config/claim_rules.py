@@ -18,10 +18,12 @@ INFERENCES = ("superiority", "non-inferiority", "equivalence")
 @dataclass(frozen=True)
 class RuleChange:
     """A change to how a claim is judged, made on ``date`` (ISO, UTC) for ``reason``: a report of a run made
-    before that date says its claim was judged by a rule fixed after the run."""
+    before that date says its claim was judged by a rule fixed after the run. ``seen``: the rule was chosen after
+    looking at the results it judges, so runs on its own day are before it too."""
 
     date: str
     reason: str
+    seen: bool = False
 
 
 @dataclass(frozen=True)

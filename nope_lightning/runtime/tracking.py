@@ -16,15 +16,17 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from nope_lightning.config.core import flatten, to_dict, to_yaml
 from nope_lightning.config.parts import TrackingConfig
@@ -34,6 +36,7 @@ from nope_lightning.runtime.owners import owner, owner_alive
 
 PARENT_TAG = "mlflow.parentRunId"
 OWNER_TAG = "nope_lightning.owner"
+CONFIG_TAG = "nope_lightning.config_sha"  # the resolved config's sha256 (16 hex digits)
 #: MLflow 3's experiment kind: the UI's "Machine learning" kind, as opposed to "GenAI apps & agents". MLflow 3.4
 #: and 3.8 (checked) pick an experiment's first page from it (runs here, traces for GenAI); 3.17 follows its
 #: sidebar's GenAI / Model training switch instead (docs/mlflow.md).
@@ -97,20 +100,6 @@ def existing_experiment_id(cfg: TrackingConfig) -> str | None:
 
 
 # --- fail fast -----------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _quick_http() -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in CHECK_ENV}
-    os.environ.update(CHECK_ENV)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _one_line(err: BaseException) -> str:
@@ -182,7 +171,7 @@ def check_store(cfg: Any) -> None:
             if db.exists() and not os.access(db, os.R_OK | os.W_OK):
                 raise ValueError(f"tracking.uri={tracking_cfg.uri}: {db} is not readable and writable")
         try:
-            with _quick_http():
+            with mock.patch.dict(os.environ, CHECK_ENV):  # restored after, as it was
                 exp_id = experiment_id(tracking_cfg)
                 location = client(tracking_cfg).get_experiment(exp_id).artifact_location
         except Exception as err:  # noqa: BLE001 — whatever the store raised, it cannot be used
@@ -249,9 +238,18 @@ def run_tags(cfg: TrackingConfig, stage: str) -> dict[str, str]:
 
 
 def create_run(cfg: TrackingConfig, stage: str, run_name: str, config: Any) -> str:
-    """A new run with the stage tag, parent link, flattened params and the resolved config artifact."""
-    mlflow_client = client(cfg)
-    run = mlflow_client.create_run(experiment_id(cfg), run_name=run_name, tags=run_tags(cfg, stage))
+    """A new run with the stage tag, parent link, flattened params and the resolved config artifact; or, under a
+    pipeline run, this step's run that a stop left KILLED with this same config (``CONFIG_TAG``), continued
+    (``claim_run``): a rerun shows one row per step, not one per attempt."""
+    mlflow_client, digest = client(cfg), hashlib.sha256(to_yaml(config).encode()).hexdigest()[:16]
+    killed = mlflow_client.search_runs([experiment_id(cfg)], (
+        f"tags.`{PARENT_TAG}` = '{cfg.parent_run_id}' and tags.stage = '{stage}' and tags.`{CONFIG_TAG}` = "
+        f"'{digest}' and attributes.status = 'KILLED'"), max_results=1) if cfg.parent_run_id else []
+    if killed:
+        claim_run(cfg, killed[0].info.run_id)
+        return killed[0].info.run_id
+    run = mlflow_client.create_run(experiment_id(cfg), run_name=run_name,
+                                   tags={**run_tags(cfg, stage), CONFIG_TAG: digest})
     log_config(cfg, run.info.run_id, config)
     return run.info.run_id
 
@@ -299,8 +297,6 @@ def step_records(cfg: TrackingConfig, pipeline_run: str) -> dict[str, dict]:
 
 
 def log_metrics(cfg: TrackingConfig, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
-    import time
-
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from nope_lightning.analysis import markdown, report_frame
+from nope_lightning.analysis import markdown, report_frame, rule_changes
 from nope_lightning.analysis import sources as report_sources
 from nope_lightning.analysis.lengthgen import claims, entropy_figures, plots, report_sections, sweep, tables
 from nope_lightning.analysis.report_frame import Plot, over_seeds, seeds
@@ -125,14 +125,15 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     # Paper 002: every grid's cells and attention analyses pooled (a study may span several files or seeds).
     if grid_list := index.results("synthetic-grid"):
         cells = [cell for grid in grid_list for cell in grid.runs]
-        sections += [synthetic_claims.claims_table([*synthetic_claims.evaluate_claims(cells, resamples),
-                                                    *attention_claims.evaluate_attention_claims(grid_list)]),
+        sections += [rule_changes.changed_rules_section(synthetic_claims.SYNTHETIC_CLAIMS, list(dates.values())),
+                     synthetic_tables.claims_table([*synthetic_claims.evaluate_claims(cells, resamples),
+                                                    *attention_claims.evaluate_attention_claims(grid_list)], seed_days),
                      synthetic_learned.learned_table(cells), attention_claims.attention_table(grid_list),
                      synthetic_tables.exact_match_table(cells, resamples)]
         figures.update(synthetic_figures.study_figures(grid_list))
     if claim_ids and not axes:
-        sections.insert(0, report_sections.changed_rules_section([CLAIMS_BY_ID[c] for c in claim_ids],
-                                                                 list(dates.values())))
+        sections.insert(0, rule_changes.changed_rules_section([CLAIMS_BY_ID[c] for c in claim_ids],
+                                                              list(dates.values())))
     sections.append(report_frame.recipe_section(found.recipes))
     captions = {}
     for name, plot in figures.items():

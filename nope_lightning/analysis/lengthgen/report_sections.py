@@ -1,6 +1,6 @@
 """The report's sections that are not tables of evaluations: the claims table (paper 001's and the hybrids'
-claims with their verdicts), each scale search's best lambda and fit, NoPE's retrieval inside L, and the claims'
-rules changed since the run. Cells and tables are written as ``analysis.markdown`` writes them."""
+claims with their verdicts), each scale search's best lambda and fit, and NoPE's retrieval inside L (the rules
+changed since the run: ``analysis.rule_changes``). Cells and tables are written as ``analysis.markdown`` writes them."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from nope_lightning.analysis.lengthgen import claims, rule_size, verdict_cells
 from nope_lightning.analysis.lengthgen.claims import Runs, retrieval_by_seed
 from nope_lightning.analysis.lengthgen.log_law import log_or_linear
 from nope_lightning.analysis.markdown import MISSING, cell, markdown_table
+from nope_lightning.analysis.rule_changes import exploratory_note
 from nope_lightning.analysis.verdicts import Outcome
 from nope_lightning.config.paper import RETRIEVAL_LEARNED, Claim
 from nope_lightning.numerics.stats import UNIT, Interval, t_interval
@@ -97,7 +98,7 @@ def claims_table(outcomes: Sequence[Outcome], seed_dates: Mapping[int | None, st
         if o.verdict == "partial":
             paper = o.claim.paper_effect
             found += (f": {show(across.estimate)} {o.claim.unit}" + (f", paper {show(paper.value)}" if paper else ""))
-        if note := verdict_cells.exploratory_note(o, dates):  # after the bold verdict and its colon, which the study cards read
+        if note := exploratory_note(o, dates):  # after the bold verdict and its colon, which the study cards read
             found += ("; " if ":" in found else ": ") + note
         rows.append([*head, ours + left_out, verdict_cells.magnitude_cell(o), verdict_cells.bound_cell(o, show),
                      new_seed, evaluation, verdict_cells.side_cell(o), found])
@@ -169,19 +170,3 @@ def retrieval_table(runs: Runs) -> str:
             "[95 % t interval across seeds])\n\n"
             + markdown_table(["method", *(f"seed {s}" for s in seeds), "mean [95 % t across seeds]", "seeds"], rows))
 
-
-def changed_rules_section(claims: Sequence[Claim], run_dates: Sequence[str]) -> str:
-    """Every rule of ``claims`` changed on or after the earliest of the reported runs' dates (ISO, UTC; a change
-    on the run's own day is listed: a date does not order them), or every change when no date is known."""
-    first = min(run_dates, default="")
-    changes = sorted({(change.date, change.reason, claim.id) for claim in claims for change in claim.changes
-                      if change.date >= first})
-    if not changes:
-        return ""
-    when = (f"on or after the run ({first})" if first
-            else "— the run's date is not in its results, so every change is listed")
-    by_change: dict[tuple[str, str], list[str]] = {}
-    for date, reason, claim_id in changes:
-        by_change.setdefault((date, reason), []).append(claim_id)
-    return (f"### Rules changed {when}\n\n"
-            + "\n".join(f"* {date}: {reason} ({', '.join(ids)})" for (date, reason), ids in sorted(by_change.items())))

@@ -133,14 +133,3 @@ def declared_note(o: Outcome, seed_dates: Mapping[int | None, str]) -> str:
         [f"the day seeds {_seed_list(same)} ran"] if same else [])
     return f"; rule as of {fixed}: {', and on '.join(parts)}"
 
-
-def exploratory_note(o: Outcome, seed_dates: Mapping[int | None, str]) -> str:
-    """'' unless the claim's rule took its present form after every seed it judges had run (on a later day): then
-    the verdict is exploratory until seeds run after the rule judge it, and the note says so."""
-    if not o.claim.changes or not seed_dates:
-        return ""
-    fixed = max(change.date for change in o.claim.changes)
-    seeds = [s for s in (o.seeds or seed_dates) if s in seed_dates]
-    if not seeds or any(seed_dates[s] >= fixed for s in seeds):
-        return ""
-    return f"*exploratory*: its rule was set on {fixed}, after all {len(seeds)} seeds it judges ran"

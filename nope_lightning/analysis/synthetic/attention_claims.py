@@ -130,7 +130,7 @@ def _closest(claim: SyntheticClaim, index: dict[str, dict[int, SeedJSD]]) -> Syn
 
 
 def evaluate_attention_claims(grids: Iterable[SyntheticGridResult]) -> list[SyntheticOutcome]:
-    """Each attention claim's outcome on ``grids`` (``claims.claims_table`` renders them); a claim whose
+    """Each attention claim's outcome on ``grids`` (``tables.claims_table`` renders them); a claim whose
     values are missing is *not measured*, with the reason."""
     index, outcomes = attention_index(grids), []
     for claim in ATTENTION_CLAIMS:
