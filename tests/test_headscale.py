@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -122,6 +123,9 @@ def test_only_the_temperatures_train_and_the_table_reloads(tiny_pretrained, tmp_
     assert summary.constraint is True and (summary.symbol, summary.init_value) == ("lambda", 1.0)
     assert summary.val_loss == pytest.approx(result[f"val/len{TARGET}/loss"])
     assert len(summary.converged_entropy.per_head) == n_layer
+    # The last position's entropy is logged beside the last eighth's mean, per head, and is no copy of it.
+    last, tail = np.asarray(summary.converged_entropy.last_position), np.asarray(summary.converged_entropy.per_head)
+    assert last.shape == tail.shape and np.all(last >= 0) and not np.allclose(last, tail)
 
 
 @pytest.mark.parametrize("constraint", [True, False])

@@ -332,6 +332,7 @@ def test_every_figure_the_report_draws_has_a_title_of_its_own_and_a_caption_nami
     methods = Methods(reference="nope", nope_family=frozenset({"nope", "nope lambda=1.5", "headscale 4x"}))
     _, figures = point_sections(evals, searches, headscales, [], 100, methods)
     assert sorted(figures) == ["entropy_heads_by_position.png", "entropy_heads_past_L.png",
+                               "fig5_tuned_by_layer.png",  # the per-layer Fig 5: only the tuned view measured
                                "headscale_4x-entropy_vs_lambda.png",
                                "headscale_4x_noinit-entropy_vs_lambda.png", "lambda_fit_s1234.png",
                                "lambda_fit_s2345.png", "passkey_heatmaps.png",

@@ -60,8 +60,9 @@ def test_the_scratchpad_verdict_is_exploratory_its_rule_chosen_the_day_its_seeds
         "seeds must judge it")
     assert exploratory_note(scratchpad, {**same_day, 2: "2026-11-28"}) == ""  # a seed run after the rule judges it
     row = next(line for line in claims_table([scratchpad], same_day).splitlines() if line.startswith(f"| {claim.text}"))
-    assert row.endswith("| **reproduced**: *exploratory*: its rule was chosen on 2026-11-27 after the results of "
-                        "the 3 seeds it judges were seen; new seeds must judge it |")
+    assert row.endswith("| — no seed ran after the rule (2026-11-27) | — | **reproduced**: *exploratory*: its rule "
+                        "was chosen on 2026-11-27 after the results of the 3 seeds it judges were seen; new seeds "
+                        "must judge it |")  # no seed to judge it anew, no task to leave out; the verdict last
     # a rule changed after every seed ran (the chance floor, 2026-11-28) marks a ranking claim too
     ranking = SyntheticOutcome(CLAIM["nope_highest_mrr"], "inconclusive", seeds=(0, 1, 2))
     assert exploratory_note(ranking, same_day).startswith("*exploratory*: its rule was set on 2026-11-28")

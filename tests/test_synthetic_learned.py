@@ -22,10 +22,10 @@ def test_a_task_is_learned_when_four_of_the_five_pes_reach_the_floor_on_the_mean
     scratch = cells("addition", {pe: (1.0,) * 3 for pe in PES}, scratchpad="full")  # not a plain-format task
     table = learned_table([*parity, *reverse, *scratch])
     lines = table.splitlines()
-    assert lines[2] == "| task | NoPE | T5 | ALiBi | Rotary | APE | steps | seeds | PEs >= floor | verdict |"
+    assert lines[2] == "| task | NoPE | T5 | ALiBi | Rotary | APE | ID split | steps | ended by the stopping rule | seeds | PEs >= floor | verdict |"
     # the paper's task order (reverse before parity), each PE's mean over seeds with the worst seed beside it
-    assert lines[4] == "| reverse | 1.00 | 1.00 | 1.00 | 1.00 | 0.10 [0.00] | 100 | 3 | 4 of 5 | **learned** |"
-    assert lines[5] == "| parity | 0.91 [0.80] | 0.95 | 0.95 | 0.50 | 0.89 | 100 | 3 | 3 of 5 | not learned |"
+    assert lines[4] == "| reverse | 1.00 | 1.00 | 1.00 | 1.00 | 0.10 [0.00] | validation | 100 | — | 3 | 4 of 5 | **learned** |"
+    assert lines[5] == "| parity | 0.91 [0.80] | 0.95 | 0.95 | 0.50 | 0.89 | validation | 100 | — | 3 | 3 of 5 | not learned |"
     not_run = [t for t in PAPER_TASKS if t not in ("reverse", "parity")]
     assert lines[-1] == (f"**1 of the paper's 17 tasks learned** by >= {LEARNED_BY} of the 5 PEs (reverse); "
                          f"not run: {', '.join(not_run)}.")

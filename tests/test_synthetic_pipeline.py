@@ -145,7 +145,8 @@ def test_a_grid_step_runs_nested_tagged_resumes_is_skipped_and_is_reused(tmp_pat
     claims = text.split("### Paper 002's claims, tested")[1].split("\n### ")[0]
     # Two PEs of five: every comparison (the attention claim's too) names what is missing rather than ranking a
     # partial grid.
-    assert claims.count("**not measured**") == 6 and "T5 was not analysed" in claims
+    assert claims.count("| **not measured** |") == 6 and "T5 was not analysed" in claims
+    assert claims.count("**awaiting new seeds (3, 4, 5)**") == 2  # the pre-registered scratchpad claims
     assert "('copy_repeat', 'none', 't5', 7)" in claims
     # ... and so does the MRR, both ways: a grid of two PEs is not ranked as if it were the five
     mrr = text.split("#### Mean reciprocal rank")[1].split("\n## ")[0]

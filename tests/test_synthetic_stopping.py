@@ -107,7 +107,7 @@ def test_new_fields_default_to_todays_behaviour_and_leave_hashes_alone():
     assert defaults == {"stop_at": 0.0, "stop_patience": 1, "n_id_test": 0, "embedding_init": "gpt2"}
     assert {k: ADDED_FIELDS[k] for k in defaults} == defaults
     assert {k.split(".")[-1]: v for k, v in ADDED_BASE_FIELDS.items()
-            if k not in ("curriculum_steps", "trainer.checkpoint_minutes")} == defaults
+            if k not in ("curriculum_steps", "trainer.checkpoint_minutes", "optim.decay_position_bias")} == defaults
     assert not set(defaults) & keys(identity(cfg))  # at their defaults they are not in a step's identity
     grid = SyntheticGridConfig(tasks=["copy"], attention_examples_per_length=0)
     changed = SyntheticGridConfig(base=load_config(SyntheticConfig, None, ["stop_at=0.99"]), tasks=["copy"],

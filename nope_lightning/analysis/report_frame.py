@@ -6,11 +6,14 @@ rather than on a line of run ids.
 The study's name (``study_name``) is the ``_``-separated words every pipeline's name starts with: a study
 split into files or seed slices names them after itself (``regime_study`` with ``regime_study_s5678``, …;
 ``synthetic_copy`` with ``synthetic_scan``, …), which is also its folder ``experiments/<study>``; pipelines
-sharing no first word are named by the first one read.
+sharing no first word are named by the first one read. A first pipeline that is one of a file's seed slices
+(``<file>_s<seed>``, or the file itself, with other slices read) names the study after that file, whatever
+companion files are read beside it (``regime_rope_s1234``, RoPE's baselines, beside ``regime_study``'s slices).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -27,6 +30,10 @@ class Plot(NamedTuple):
 
 def study_name(pipelines: Sequence[tuple[str, str]]) -> str:
     """The study a report's ``(pipeline name, run id)`` pairs belong to (the module's rule)."""
+    slices = [re.sub(r"_s\d+$", "", name) for name, _ in pipelines]
+    mine = [name for (name, _), stem in zip(pipelines, slices, strict=True) if stem == slices[0]]
+    if len(mine) > 1 and any(name != slices[0] for name in mine):
+        return slices[0]
     names = [name.split("_") for name, _ in pipelines]
     shared = []
     for words in zip(*names, strict=False):  # up to the shortest name

@@ -1,6 +1,7 @@
 """When a claim's rule took its present form against the runs it judges, for either paper's claims: the report's
 list of the rules changed on or after its runs (``changed_rules_section``) and the *exploratory* note on a verdict
-whose rule was set after every seed it judges had run (``exploratory_note``). Dates are ISO days, UTC."""
+whose rule was set after every seed it judges had run (``exploratory_note``), a seed dated by the rows the claim
+reads there where their days are known (``read_days``). Dates are ISO days, UTC."""
 
 from __future__ import annotations
 
@@ -43,3 +44,18 @@ def exploratory_note(o: Outcome, seed_dates: Mapping[int | None, str]) -> str:
         return (f"*exploratory*: its rule was chosen on {max(seen)} after the results of the {len(seeds)} seeds it "
                 "judges were seen; new seeds must judge it")
     return ""
+
+
+def read_days(claim: Claim, seed_dates: Mapping[int | None, str],
+              row_dates: Mapping[tuple[str, int | None], str] | None = None) -> dict[int | None, str]:
+    """Seed -> the day the earliest row ``claim`` reads at that seed was made (its methods' rows; ``row_dates``:
+    ``(method, seed) -> day``, ``sources.row_days``), so a seed is after a rule only when every row the claim
+    reads there was made after it; the seed's own day (``seed_dates``) where none of its methods has a dated row,
+    and ``seed_dates`` as given without ``row_dates``."""
+    if not row_dates:
+        return dict(seed_dates)
+    days = {}
+    for seed, day in seed_dates.items():
+        read = [row_dates[method, seed] for method in claim.methods if (method, seed) in row_dates]
+        days[seed] = min(read) if read else day
+    return days

@@ -7,6 +7,7 @@ neither knows nor cares whether a seed was run here today or committed from anot
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from nope_lightning.config.core import load_config
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
 from nope_lightning.results.bundle import STAGE_RESULTS, Bundle, Placed, Recipe
-from nope_lightning.results.core import ResultFile
+from nope_lightning.results.core import ResultFile, dumps
 from nope_lightning.results.index import ResultIndex
 from nope_lightning.results.runkey import RunKey
 from nope_lightning.runtime import tracking
@@ -29,8 +30,9 @@ from nope_lightning.runtime import tracking
 @dataclass
 class Item:
     """One run of a source: its ``key``, run ``name`` and ``identity`` (one model placed at several points is
-    one recipe row), its ``result`` (gathered stages), its ``recipe`` (pre-training), and ``copy``, which brings
-    the figures and notes the run made itself into a folder and returns their paths."""
+    one recipe row), its ``result`` (gathered stages), its ``recipe`` (pre-training), ``copy``, which brings
+    the figures and notes the run made itself into a folder and returns their paths, and ``step``: its result's
+    content (``result_digest``; '' without a result)."""
 
     key: RunKey
     name: str
@@ -38,6 +40,14 @@ class Item:
     result: ResultFile | None = None
     recipe: Recipe | None = None
     copy: Callable[[Path], list[Path]] = lambda out: []
+    step: str = ""
+
+
+def result_digest(result: ResultFile | None) -> str:
+    """A result's content as 16 hex of sha256 ('' without one): two sources holding the same row (a pipeline run
+    and the bundle a report wrote from it, or a bundle read twice) hold equal digests. Only content is compared,
+    not the step that made it: the step's identity lives in the pipeline layer, above this one."""
+    return "" if result is None else hashlib.sha256(dumps(result.to_dict()).encode()).hexdigest()[:16]
 
 
 def pipeline_runs(store: TrackingConfig, pipeline_run: str) -> list[tuple[Any, RunKey]]:
@@ -101,7 +111,8 @@ class StoreSource:
             elif key.stage == "pretrain":
                 recipe = Recipe(run.info.run_name, {k: run.data.params.get(k, "None") for k in RECIPE_KEYS})
             yield Item(key, run.info.run_name, run_id, result, recipe,
-                       lambda out, run=run, key=key: _copy_run_files(self.store, run, out, key.method))
+                       lambda out, run=run, key=key: _copy_run_files(self.store, run, out, key.method),
+                       result_digest(result))
 
 
 @dataclass
@@ -136,7 +147,8 @@ class BundleSource:
         files = list(self.bundle.files)
         for n, placed in enumerate(self.bundle.results):
             yield Item(placed.key, placed.name, f"{self.folder}:{placed.name}", placed.result,
-                       copy=(lambda out: _copy_files(files, out)) if n == 0 else (lambda out: []))
+                       copy=(lambda out: _copy_files(files, out)) if n == 0 else (lambda out: []),
+                       step=result_digest(placed.result))
         for recipe in self.bundle.pretrains:
             yield Item(RunKey(recipe.name, stage="pretrain"), recipe.name, f"{self.folder}:{recipe.name}",
                        recipe=recipe)
@@ -208,6 +220,25 @@ def seed_days(configs: list[Path | None], run_ids: list[str], dates: Mapping[str
     return days
 
 
+def row_days(configs: list[Path | None], run_ids: list[str], dates: Mapping[str, str]
+             ) -> dict[tuple[str, int | None], str]:
+    """``(method, seed) -> the day (ISO, UTC)`` the pipeline run that made that method's row for that seed started:
+    the earliest of the runs whose logged experiment file (``configs``, in the order of ``run_ids``) runs a step of
+    that method (its label, else its id) at that seed, whichever stage. A row a file added to an old seed later (a
+    new step run after the seed's first pipeline) is so dated by its own run, where ``seed_days`` gives the seed's
+    first. A run that reused a step another pipeline run made lists it too, and that run's earlier day wins."""
+    days: dict[tuple[str, int | None], str] = {}
+    for path, run_id in zip(configs, run_ids, strict=False):
+        if path is None or run_id not in dates:
+            continue
+        cfg = load_config(PipelineConfig, path)
+        for seed in cfg.seeds or [None]:
+            for step in cfg.steps:
+                place = (step.label or step.id, seed)
+                days[place] = min(days.get(place, dates[run_id]), dates[run_id])
+    return days
+
+
 @dataclass
 class Gathered:
     """Every source's results: ``results``, evaluate, scale-search, HeadScale and synthetic-grid results placed
@@ -224,7 +255,9 @@ class Gathered:
 
 def gather(sources: list, out: Path, matrix_keys: list[str]) -> Gathered:
     """Every source's runs, placed. A (stage, point, method, seed) that two sources both hold is a
-    ``ValueError`` (``ResultIndex.add``): which one the report shows must not depend on the order of ``also``."""
+    ``ValueError`` (``ResultIndex.add``): which one the report shows must not depend on the order of ``also``;
+    unless both hold the same result (``result_digest``: a run and the bundle written from it), kept once and
+    counted (``ResultIndex.remeasured``)."""
     found = Gathered()
     first_seed, identities = None, set()
     for source in sources:
@@ -241,10 +274,13 @@ def gather(sources: list, out: Path, matrix_keys: list[str]) -> Gathered:
                 # at the same (point, step, seed), and two grids of different tasks are not one result twice.
                 point = (*point, ("cells", ",".join(sorted({f"{c.task}/{c.scratchpad}" for c in item.result.runs}))))
             if item.result is not None:
-                found.results.add(dataclasses.replace(key, point=point), item.result, source.label)
+                if found.results.add(dataclasses.replace(key, point=point), item.result, source.label,
+                                     item.step) is None:
+                    continue  # the same result held twice: the first source's stays, its figures too
                 found.placed.append(Placed(key, item.name, item.result))
-            elif item.recipe is not None and item.identity not in identities:
-                identities.add(item.identity)  # once, though steps at several points may share one model
+            elif item.recipe is not None and item.identity not in identities and item.recipe not in found.recipes:
+                # once, though steps at several points share one model, or a later source trained it again alike
+                identities.add(item.identity)
                 found.recipes.append(item.recipe)
             if key.seed == first_seed:  # their own figures (Fig 5, synthetic accuracy) from the first replicate
                 found.files += item.copy(out)

@@ -253,7 +253,12 @@ class ModelConfig:
 class OptimConfig:
     """AdamW with linear warm-up then cosine decay to ``min_lr_ratio * lr``. ``fused``: torch's fused AdamW kernel
     (one kernel for every parameter's update; CPU and CUDA), else its default multi-tensor (foreach) one: the
-    same update up to float rounding."""
+    same update up to float rounding.
+
+    Weight decay reaches matrices only (``CausalLM.param_groups``). ``decay_position_bias``: whether it reaches
+    T5's relative-bias table too (``rel_bias.weight``, a (buckets, heads) matrix). Paper 002's reference trains
+    with the Hugging Face Trainer, whose AdamW decays no parameter with "bias" in its name, so there T5's table
+    is not decayed; false does the same (the synthetic race), true keeps every earlier run's recipe."""
 
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
@@ -264,6 +269,7 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     fused: bool = False
+    decay_position_bias: bool = True
 
     def __post_init__(self) -> None:
         check_range("optim.lr", self.lr, 0.0, low_open=True)

@@ -17,6 +17,8 @@ import json
 import warnings
 from dataclasses import dataclass, field
 
+from omegaconf import OmegaConf
+
 from nope_lightning.config.core import (
     POS_ENCODINGS,
     check_choice,
@@ -43,7 +45,8 @@ FORMAT_KEYS = ("scratchpad", "train_max_len", "test_max_len", "eval")
 #: Fields of a grid's ``base`` that came after its first grids, at their defaults (``model.<key>``: ``base.model``'s),
 #: which ``SyntheticGridConfig.config_hash`` leaves out so that a grid started before them still finds its parent.
 ADDED_BASE_FIELDS = {"curriculum_steps": 0, "stop_at": 0.0, "stop_patience": 1, "n_id_test": 0,
-                     "model.embedding_init": "gpt2", "trainer.checkpoint_minutes": 3.0}
+                     "model.embedding_init": "gpt2", "trainer.checkpoint_minutes": 3.0,
+                     "optim.decay_position_bias": True}
 
 #: The paper's five PEs in our names: NoPE, T5's relative bias, ALiBi, Rotary and APE (sinusoidal, as
 #: the reference's ``abs_sinusoid``; ``learned`` is our other absolute variant, not in the paper's grid).
@@ -302,6 +305,7 @@ class SyntheticGridConfig:
         # scratchpad study's base does not fit pcfg).
         if unknown := [task for task in self.task_overrides if task not in TASKS]:
             raise ValueError(f"task_overrides names unknown tasks: {', '.join(unknown)}; known: {', '.join(TASKS)}")
+        base = OmegaConf.structured(self.base)  # once, not per task: building it is most of a check's time
         for task, overrides in self.task_overrides.items():
             for override in overrides:
                 key = override.split("=", 1)[0].strip()
@@ -314,7 +318,7 @@ class SyntheticGridConfig:
                                      f"answer, lengths or scoring), which a recipe may not; set base.{key} for the "
                                      f"whole grid, as a study of that format")
             try:
-                check_keys(self.base, overrides)
+                check_keys(base, overrides)
             except ValueError as err:
                 raise ValueError(f"task_overrides.{task}: {err}") from None
 

@@ -30,10 +30,11 @@ def validation_windows(prepared: PreparedData, length: int, count: int) -> torch
 
 
 @torch.no_grad()
-def converged_entropy(model: GPT, windows: torch.Tensor, chunk: int = 256) -> torch.Tensor:
-    """Attention entropy (nats) per head averaged over ``windows`` and the last 1/``CONVERGED_TAIL`` of their
-    positions (paper 001's Fig 5): (n_layer, n_head) float32. ``windows`` (N, T + 1) token ids, the inputs are
-    ``[:, :-1]``; ``chunk`` query rows per entropy step (memory ~ 3 * H * chunk * T floats)."""
+def converged_entropy(model: GPT, windows: torch.Tensor, chunk: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention entropy (nats) per head averaged over ``windows``: ``(tail, last)``, each (n_layer, n_head)
+    float32, ``tail`` over the last 1/``CONVERGED_TAIL`` of their positions (paper 001's Fig 5, converged), ``last``
+    at the last position alone (query T - 1, which attends to all T keys). ``windows`` (N, T + 1) token ids, the
+    inputs are ``[:, :-1]``; ``chunk`` query rows per entropy step (memory ~ 3 * H * chunk * T floats)."""
     length = windows.size(1) - 1
     sums = torch.zeros(model.cfg.n_layer, model.cfg.n_head, length, dtype=torch.float64)
 
@@ -46,4 +47,4 @@ def converged_entropy(model: GPT, windows: torch.Tensor, chunk: int = 256) -> to
         for window in windows:  # one window at a time bounds activation memory at long target lengths
             model(window[None, :-1].to(device))
     tail = max(1, length // CONVERGED_TAIL)
-    return (sums[..., -tail:].mean(-1) / len(windows)).float()
+    return (sums[..., -tail:].mean(-1) / len(windows)).float(), (sums[..., -1] / len(windows)).float()

@@ -37,8 +37,8 @@ def bucket_accuracies(examples: Sequence[Example], correct: Sequence[bool], trai
 
 
 def log_id_test(track: TrackingConfig, run_id: str, prefix: str, vocab: Vocabulary, examples: Sequence[Example],
-                generated: Sequence[list[int]], width: int, step: int) -> None:
-    """Score the ``id_test`` split and log it on ``run_id``: ``{prefix}/id_test_acc`` and
+                generated: Sequence[list[int]], width: int, step: int) -> tuple[float, list[BucketAccuracy]]:
+    """Score the ``id_test`` split, log it on ``run_id`` and return its exact match and per-bucket accuracies: ``{prefix}/id_test_acc`` and
     ``{prefix}/id_test/len{L}/acc`` per bucket of ``width`` lengths (metrics at ``step``), and ``id_test.json``:
     ``acc``, ``n``, ``buckets``, ``correct`` (one ``0``/``1`` per example, in the split's order) and ``digest``
     (its ``problems_digest``, the same for every encoding of a (task, seed), so two runs' examples can be
@@ -51,3 +51,4 @@ def log_id_test(track: TrackingConfig, run_id: str, prefix: str, vocab: Vocabula
     tracking.log_json(track, run_id, {"acc": acc, "n": len(correct), "buckets": [vars(b) for b in buckets],
                                       "correct": "".join("1" if ok else "0" for ok in correct),
                                       "digest": problems_digest(examples)}, "id_test.json")
+    return acc, buckets

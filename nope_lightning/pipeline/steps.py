@@ -259,6 +259,8 @@ ADDED_FIELDS: dict[str, Any] = {
     "checkpoint_minutes": 3.0,
     # a synthetic run's stopping rule, its held-out in-distribution test split, and the token embeddings' init
     "stop_at": 0.0, "stop_patience": 1, "n_id_test": 0, "embedding_init": "gpt2",
+    # weight decay on T5's relative-bias table (the reference leaves it undecayed)
+    "decay_position_bias": True,
 }
 
 #: Fields whose value never changes a step's result, hashed as the one value every step recorded before they

@@ -16,11 +16,13 @@ CONVERGED_TAIL = 8  # "converged" entropy: mean over the last 1/8 of a window's 
 
 @dataclass(frozen=True)
 class ConvergedEntropy:
-    """Attention entropy (``unit``: nats) per (layer, head) over the ``positions`` a query converged at."""
+    """Attention entropy (``unit``: nats) per (layer, head) over the ``positions`` a query converged at, and at the
+    window's ``last_position`` alone (None in results written before it was logged)."""
 
     unit: str
     per_head: list
     positions: str
+    last_position: list | None = None
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,9 @@ class HeadScaleResult(ResultFile):
         if self.converged_entropy is not None:
             entropy = self.converged_entropy
             out["converged_entropy"] = {"unit": entropy.unit, "per_head": entropy.per_head,
-                                        "positions": entropy.positions}
+                                        "positions": entropy.positions,
+                                        **({} if entropy.last_position is None
+                                           else {"last_position": entropy.last_position})}
         return out
 
     @classmethod
@@ -75,4 +79,4 @@ class HeadScaleResult(ResultFile):
                    data[f"{symbol}_floor"], data["steps"], data["data_mix"]["mode"],
                    data["data_mix"]["retrieval_fraction"], data["val_loss"], table_key, data[table_key],
                    None if entropy is None else ConvergedEntropy(entropy["unit"], entropy["per_head"],
-                                                                 entropy["positions"]))
+                                                                 entropy["positions"], entropy.get("last_position")))

@@ -25,23 +25,45 @@ class ResultIndex:
     ``results bundle experiments/x/results/results``) it came from.
 
     A second result at a place is a ``ValueError`` naming both sources: which one a report shows must not depend
-    on the order its sources are listed in (or, within one source, on which run of a step came last). A seed is
-    an ``int`` (or ``None``: no replicates), never the text of a tag."""
+    on the order its sources are listed in (or, within one source, on which run of a step came last). The one
+    exception is the same result from a second source (its ``identity``, ``sources.result_digest``, known for both
+    and equal), e.g. a pipeline run and the bundle a report wrote from it: the first stays and the second is
+    counted in ``remeasured``. A step measured again (another machine, another torch) differs in its last digits,
+    so it still stops the report: which of two measurements a table shows is the user's choice. A seed is an
+    ``int`` (or ``None``: no replicates), never the text of a tag."""
 
     def __init__(self) -> None:
-        self._held: dict[RunKey, tuple[str, ResultFile]] = {}
+        self._held: dict[RunKey, tuple[str, ResultFile, str]] = {}
+        #: ``(place, the source kept, the source not counted)`` of every result read twice, in the order met.
+        self.remeasured: list[tuple[RunKey, str, str]] = []
 
-    def add(self, key: RunKey, result: ResultFile, source: str) -> RunKey:
-        """File ``result`` at ``key``'s place (its ``step`` dropped) from ``source``; returns the place."""
+    def add(self, key: RunKey, result: ResultFile, source: str, identity: str = "") -> RunKey | None:
+        """File ``result`` at ``key``'s place (its ``step`` dropped) from ``source``; returns the place, or None
+        when it is the result held there read again (``identity``: its content's digest, ``sources.result_digest``;
+        '' unknown)."""
         if key.seed is not None and (isinstance(key.seed, bool) or not isinstance(key.seed, int)):
             raise TypeError(f"{key.stage} {key.method!r}: seed {key.seed!r} is a {type(key.seed).__name__}, "
                             f"not an int; read it through RunKey.from_tags")
         place = dataclasses.replace(key, step="")
         if (held := self._held.get(place)) is not None:
-            raise ValueError(f"{held[0]} and {source} both hold {key.stage} {key.method!r} seed {key.seed}: "
+            if identity and held[2] == identity and held[0] != source:  # one source's two runs still stop it
+                self.remeasured.append((place, held[0], source))
+                return None
+            raise ValueError(f"{held[0]} and {source} both hold {key.stage} {key.method!r} seed {key.seed}"
+                             f"{' with different results' if identity and held[2] else ''}: "
                              f"report each alone, or drop one from also")
-        self._held[place] = (source, result)
+        self._held[place] = (source, result, identity)
         return place
+
+    def remeasured_line(self) -> str:
+        """'N rows read twice, counted once: ...' (each ``stage method seed s``, the source kept first), '' with none."""
+        if not self.remeasured:
+            return ""
+        rows = "; ".join(f"{p.stage} `{p.method}`{'' if p.seed is None else f' seed {p.seed}'}"
+                         f"{''.join(f' {k}={v}' for k, v in p.point)} ({kept} kept over {dropped})"
+                         for p, kept, dropped in self.remeasured)
+        return (f"{len(self.remeasured)} row{'s' * (len(self.remeasured) > 1)} read twice, counted once (the same "
+                f"result in two sources): {rows}.")
 
     def __iter__(self) -> Iterator[RunKey]:
         """The places, in the order filed."""
@@ -50,7 +72,7 @@ class ResultIndex:
     def stage(self, stage: str) -> dict[Point, dict[str, dict[int | None, ResultFile]]]:
         """``point -> method -> seed -> result`` of one stage ({} when it has none)."""
         view: dict[Point, dict[str, dict[int | None, ResultFile]]] = {}
-        for key, (_, result) in self._held.items():
+        for key, (_, result, _) in self._held.items():
             if key.stage == stage:
                 view.setdefault(key.point, {}).setdefault(key.method, {})[key.seed] = result
         return view

@@ -32,7 +32,7 @@ VERDICTS = ("reproduced", "partial", "not reproduced", "inconclusive", "no verdi
             "too few tasks learned", "not measured")
 
 #: A claims table's verdict cell, the row's last: the verdict in bold, then (*partial*) what it measured.
-VERDICT_CELL = re.compile(r"\| \*\*([^*|]+)\*\*(?::[^|]*)? \|$")
+VERDICT_CELL = re.compile(r"\| \*\*([^*|]+)\*\*(?:[:;][^|]*)? \|$")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@ Accuracies are exact match in [0, 1], lengths the task's own (e.g. digits), time
 Format versions: a cell (and the grid holding cells) of version 1 has no per-example record (``ood_correct``,
 ``test_digest``: read as empty); version 2 adds them, so that PE-vs-PE differences can be paired on the test
 examples (``analysis.synthetic.claims``). The attention analysis's NoPE-vs-NoPE floor and per-seed values
-(``TaskAttention``) came later without a new version (they only add keys): a file without them reads them empty."""
+(``TaskAttention``) came later without a new version (they only add keys): a file without them reads them empty.
+So did a cell's held-out in-distribution test split (``id_test_acc``, ``id_test_buckets``) and how its training
+ended (``stopped_by_rule``): a cell without them reads None / empty, and its ID numbers are the validation
+split's (``SyntheticCell.id_score``)."""
 
 from __future__ import annotations
 
@@ -56,7 +59,14 @@ class SyntheticCell(ResultFile):
     split's ``problems_digest``. Every PE and scratchpad format of a (task, seed) is scored on the same split,
     which the digest lets a reader check before pairing two cells example by example. Both are empty in a
     version-1 file. On disk ``ood_correct`` is a string of ``0``/``1``, one character per example (a JSON list
-    of booleans takes six)."""
+    of booleans takes six).
+
+    ``id_test_acc`` / ``id_test_buckets``: exact match on the held-out in-distribution test split (problems at the
+    training lengths kept apart from the validation split that selected the weights), overall and per length
+    bucket; None / empty for a cell run without one. ``steps`` is where training ended; ``stopped_by_rule``: True
+    when the stopping rule ended it (validation ID exact match held at its threshold), False when it ran to its
+    cap, None when the cell did not record it. The three keys are written only when set, so a cell without them
+    writes what it always did."""
 
     KIND = "synthetic"
     VERSION = 2
@@ -80,21 +90,36 @@ class SyntheticCell(ResultFile):
     errors: list[Failure] = field(default_factory=list)
     ood_correct: tuple[bool, ...] = ()
     test_digest: str = ""
+    id_test_acc: float | None = None
+    id_test_buckets: list[BucketAccuracy] = field(default_factory=list)
+    stopped_by_rule: bool | None = None
+
+    @property
+    def id_score(self) -> tuple[float, str]:
+        """The cell's in-distribution exact match and the split it comes from: the held-out ID test split's
+        (``"id_test"``) when the cell has one, else the validation split's (``"validation"``), which also
+        selected the weights and so reads a little high."""
+        return (self.id_test_acc, "id_test") if self.id_test_acc is not None else (self.id_acc, "validation")
 
     def body(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in ("run_id", "task", "pos_encoding", "seed", "scratchpad",
                                              "train_max_len", "test_max_len", "id_acc", "ood_acc", "best_val_acc",
                                              "best_step", "steps", "train_seconds", "eval_seconds", "parameters",
                                              "test_digest")}
-        return {**out, "ood_correct": "".join("1" if ok else "0" for ok in self.ood_correct),
+        later = {**({"id_test_acc": self.id_test_acc} if self.id_test_acc is not None else {}),
+                 **({"id_test_buckets": [vars(b) for b in self.id_test_buckets]} if self.id_test_buckets else {}),
+                 **({"stopped_by_rule": self.stopped_by_rule} if self.stopped_by_rule is not None else {})}
+        return {**out, **later, "ood_correct": "".join("1" if ok else "0" for ok in self.ood_correct),
                 "buckets": [vars(b) for b in self.buckets], "errors": [vars(e) for e in self.errors]}
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> SyntheticCell:
-        fields = {k: v for k, v in data.items() if k not in ("version", "buckets", "errors", "ood_correct")}
+        fields = {k: v for k, v in data.items()
+                  if k not in ("version", "buckets", "errors", "ood_correct", "id_test_buckets")}
         return cls(**fields, buckets=[BucketAccuracy(**b) for b in data["buckets"]],
                    errors=[Failure(**e) for e in data.get("errors", [])],
-                   ood_correct=tuple(c == "1" for c in data.get("ood_correct", "")))
+                   ood_correct=tuple(c == "1" for c in data.get("ood_correct", "")),
+                   id_test_buckets=[BucketAccuracy(**b) for b in data.get("id_test_buckets", [])])
 
 
 @dataclass(frozen=True)

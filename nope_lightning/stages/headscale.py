@@ -279,10 +279,10 @@ def log_outputs(cfg: HeadScaleConfig, run_id: str, loaded: LoadedModel, prepared
         temperature = dataclasses.replace(loaded.config.model.temperature, **{param.table.field: str(path)},
                                           past_only=param.past_only)
         tuned = load_model(str(loaded.folder), cfg.tracking, temperature=temperature).model
-        entropy = converged_entropy(tuned.to(device).eval(),
-                                    validation_windows(prepared, cfg.target_len, cfg.entropy_windows))
+        entropy, last = converged_entropy(tuned.to(device).eval(),
+                                          validation_windows(prepared, cfg.target_len, cfg.entropy_windows))
         summary = dataclasses.replace(summary, converged_entropy=ConvergedEntropy(
-            "nats", entropy.tolist(), f"last 1/{CONVERGED_TAIL} of {cfg.target_len}"))
+            "nats", entropy.tolist(), f"last 1/{CONVERGED_TAIL} of {cfg.target_len}", last.tolist()))
         figure = plots.learned_vs_entropy(entropy.numpy(), table.numpy(), cfg.target_len, param.axis,
                                           param.floors[0])
         tracking.log_figure(cfg.tracking, run_id, figure, "plots/entropy_vs_lambda.png")

@@ -3,7 +3,9 @@
 Reads its sources (``analysis/sources.py``: pipeline runs in MLflow stores, results bundles earlier reports wrote)
 and files their results in one index by stage, matrix point, method and seed (``results/index.py``, keyed by each
 run's ``RunKey``). It tests the pipeline's claims (``analysis/lengthgen/claims.py``; paper 002's:
-``analysis/synthetic/``), writes the tables (``analysis/lengthgen/tables.py``) or, for a sweep, the sweep section
+``analysis/synthetic/``; over several files, every file's and those only the files together can judge, such as NoPE
+against RoPE run from files of their own: ``study_claims.py``), writes the tables (``analysis/lengthgen/tables.py``;
+the baselines beside NoPE with Fig 2 right and Fig 6: ``baselines.py``) or, for a sweep, the sweep section
 (``analysis/lengthgen/sweep.py``), the figures with their bands, ``report.md``, a self-contained ``report.html``
 and the results it read (``results/``, a bundle: ``results/bundle.py``) under ``out_dir``, and logs them, with
 per-method headline metrics, to the pipeline run itself (artifact folder ``report/``; a rerun overwrites them, so
@@ -12,7 +14,7 @@ paired table's reference) is the experiment file's (``sources.Methods``), never 
 report is titled by its study's name (``report_frame.study_name``: the words its pipelines' names share, e.g.
 ``regime_study`` for ``regime_study`` and its seed files ``regime_study_s5678``, …), captions every figure with
 what it shows and over which seeds, and ends with its provenance: each pipeline run's name, id, day and the store
-or bundle it was read from.
+or bundle it was read from, and the rows a later source measured again and the report did not count.
 """
 
 from __future__ import annotations
@@ -29,14 +31,19 @@ import numpy as np
 from nope_lightning.analysis import markdown, report_frame, rule_changes
 from nope_lightning.analysis import sources as report_sources
 from nope_lightning.analysis.lengthgen import claims, entropy_figures, plots, report_sections, sweep, tables
+from nope_lightning.analysis.lengthgen.baselines import baseline_sections
+from nope_lightning.analysis.lengthgen.fig5 import fig5_figures, fig5_section
+from nope_lightning.analysis.lengthgen.study_claims import study_claims
 from nope_lightning.analysis.report_frame import Plot, over_seeds, seeds
 from nope_lightning.analysis.synthetic import attention_claims
 from nope_lightning.analysis.synthetic import claims as synthetic_claims
 from nope_lightning.analysis.synthetic import figures as synthetic_figures
+from nope_lightning.analysis.synthetic import judge as synthetic_judge
 from nope_lightning.analysis.synthetic import learned as synthetic_learned
 from nope_lightning.analysis.synthetic import tables as synthetic_tables
+from nope_lightning.config.core import load_config
 from nope_lightning.config.paper import CLAIMS_BY_ID
-from nope_lightning.config.pipeline import ReportConfig
+from nope_lightning.config.pipeline import PipelineConfig, ReportConfig
 from nope_lightning.numerics.stats import t_interval
 from nope_lightning.results.bundle import Bundle
 from nope_lightning.results.evaluation import Curve, EvaluationResult
@@ -50,26 +57,30 @@ FIG5 = "entropy_vs_lambda.png"
 
 
 def point_sections(evals: dict, searches: dict, headscales: dict, outcomes: list, resamples: int,
-                   methods: report_sources.Methods, seed_days: dict | None = None
+                   methods: report_sources.Methods, seed_days: dict | None = None, row_days: dict | None = None
                    ) -> tuple[list[str], dict[str, Plot | None]]:
-    """The tables and figures of one matrix point (``seed_days``: seed -> the day its run started)."""
+    """The tables and figures of one matrix point (``seed_days``: seed -> the day its run started; ``row_days``:
+    (method, seed) -> the day its row was made)."""
+    beside, figures = baseline_sections(evals, searches, methods)  # RoPE's rows beside NoPE's, if any
     sections = [report_sections.retrieval_line(claims.retrieval_by_seed(evals)) if outcomes else "",
-                report_sections.claims_table(outcomes, seed_days) if outcomes else "",
-                tables.ppl_tables(evals, methods.paper_rows("table2")) if evals else "", tables.bucket_table(evals),
+                report_sections.claims_table(outcomes, seed_days, row_days) if outcomes else "",
+                tables.ppl_tables(evals, methods.paper_rows("table2")) if evals else "", beside,
+                tables.bucket_table(evals),
                 tables.ablation_table(evals, outcomes, methods.paper_rows("table4")), tables.passkey_table(evals),
-                report_sections.retrieval_table(evals), tables.key_nll_table(evals), tables.longctx_table(evals),
+                report_sections.retrieval_table(evals), fig5_section({**headscales, **evals}, seed_days, row_days),
+                tables.key_nll_table(evals), tables.longctx_table(evals),
                 *(tables.paired_table(evals, resamples, reference) for reference in methods.references),
                 *(report_sections.search_section(method, by_seed) for method, by_seed in searches.items())]
-    figures: dict[str, Plot | None] = {}
-    for method, by_seed in searches.items():
-        for seed, summary in by_seed.items():
-            name = f"lambda_fit{'' if seed is None else f'_s{seed}'}.png"
+    for n, (method, by_seed) in enumerate(searches.items()):
+        for seed, summary in by_seed.items():  # the first search's names stay; another's name it (RoPE's beside NoPE's)
+            name = f"lambda_fit{f'_{method}' if n else ''}{'' if seed is None else f'_s{seed}'}.png"
             title = f"{_named(method, seed)}: uniform temperature search"
             figures[name] = Plot(plots.lambda_fit(summary, title), (
                 f"Uniform-scale search `{method}`, {seeds([seed])}: the best lambda per position bucket "
                 "(s = position / train length) with the fit 1 + a ln s, and the best lambda per target "
                 "length (stars)."))
     figures.update(fig5_plots(headscales))
+    figures.update(fig5_figures({**headscales, **evals}))
     if evals:
         # Fig 1/4: the NoPE family (plain, uniform lambda, HeadScale), then the baselines beside the reference.
         nope_family = {m: s for m, s in evals.items() if m in methods.nope_family}
@@ -92,10 +103,14 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     dates = {run: day for source in sources for run, day in source.dates().items()}
     configs = [path for source in sources for path in source.configs()]  # downloaded once, read twice
     claim_ids, axes, resamples, matrix_keys, methods = report_sources.pipeline_settings(cfg, configs)
+    if cfg.claims is None:  # a study split into files judges every file's claims, and those only files together can
+        claim_ids = study_claims(claim_ids, [load_config(PipelineConfig, p) if p else None for p in configs])
     found = report_sources.gather(sources, out, matrix_keys)
     index = found.results
     points = sorted(index.points("evaluate", "scale-search"))
-    seed_days = report_sources.seed_days(configs, [run for s in sources for _, run in s.pipelines()], dates)
+    run_ids = [run for s in sources for _, run in s.pipelines()]
+    seed_days, row_days = (report_sources.seed_days(configs, run_ids, dates),
+                           report_sources.row_days(configs, run_ids, dates))
     # The claims read a point's HeadScale (Fig 5), scale-search and evaluate runs by method.
     runs_by_point = {p: {**index.at("headscale", p), **index.at("scale-search", p), **index.at("evaluate", p)}
                      for p in points}
@@ -113,7 +128,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
             outcomes = [claims.evaluate_claim(CLAIMS_BY_ID[c], runs_by_point[point], resamples) for c in claim_ids]
             point_text, point_figures = point_sections(
                 index.at("evaluate", point), index.at("scale-search", point), index.at("headscale", point),
-                outcomes, resamples, methods, seed_days)
+                outcomes, resamples, methods, seed_days, row_days)
             if point:
                 where = ", ".join(f"{k} = {v}" for k, v in point)
                 sections.append(f"## Matrix point {where}")
@@ -126,7 +141,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     if grid_list := index.results("synthetic-grid"):
         cells = [cell for grid in grid_list for cell in grid.runs]
         sections += [rule_changes.changed_rules_section(synthetic_claims.SYNTHETIC_CLAIMS, list(dates.values())),
-                     synthetic_tables.claims_table([*synthetic_claims.evaluate_claims(cells, resamples),
+                     synthetic_tables.claims_table([*synthetic_judge.evaluate_claims(cells, resamples),
                                                     *attention_claims.evaluate_attention_claims(grid_list)], seed_days),
                      synthetic_learned.learned_table(cells), attention_claims.attention_table(grid_list),
                      synthetic_tables.exact_match_table(cells, resamples)]
@@ -151,7 +166,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     pipelines = [(name, run_id) for name, run_id, _ in read]
     text = "\n\n".join(s for s in [report_frame.heading(pipelines), *sections,
                                      report_frame.plots_section(sorted(captions), captions),
-                                     report_frame.provenance_section(read, dates)] if s) + "\n"
+                                     report_frame.provenance_section(read, dates), index.remeasured_line()] if s) + "\n"
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(markdown.html_page(text, out,
                                                         f"Report: {report_frame.study_name(pipelines)}"))

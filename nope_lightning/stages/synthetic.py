@@ -25,6 +25,7 @@ stage (``synthetic_grid.py``) runs ``train_and_evaluate`` per (task, PE, seed).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import tempfile
 import time
@@ -231,12 +232,16 @@ def train_and_evaluate(cfg: SyntheticConfig) -> Trained:
         bucket_accuracies(data.evaluation, correct, cfg.train_max, cfg.eval.bucket_width),
         failures(data.vocab, data.evaluation, generated, correct, cfg.train_max),
         tuple(by_example[id(e)] for e in data.test), problems_digest(data.test))
-    log_run(cfg, result, model)
-    tracking.log_metrics(cfg.tracking, logger.run_id, stop_metrics(trainer, callbacks), step=trainer.global_step)
+    stopped = stop_metrics(trainer, callbacks)
+    tracking.log_metrics(cfg.tracking, logger.run_id, stopped, step=trainer.global_step)
+    if cfg.stop_at:  # a cell trained without the rule keeps its results.json as before
+        result = dataclasses.replace(result, stopped_by_rule=bool(stopped["stop/rule_met"]))
     if data.id_test:
-        log_id_test(cfg.tracking, logger.run_id, metric_prefix(cfg.task, cfg.pos_encoding), data.vocab, data.id_test,
-                    [module.predictions[1][i] for i in range(len(data.id_test))], cfg.eval.bucket_width,
-                    trainer.global_step)
+        acc, buckets = log_id_test(cfg.tracking, logger.run_id, metric_prefix(cfg.task, cfg.pos_encoding), data.vocab,
+                                   data.id_test, [module.predictions[1][i] for i in range(len(data.id_test))],
+                                   cfg.eval.bucket_width, trainer.global_step)
+        result = dataclasses.replace(result, id_test_acc=acc, id_test_buckets=buckets)
+    log_run(cfg, result, model)
     return Trained(result, model, data)
 
 

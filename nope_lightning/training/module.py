@@ -135,10 +135,14 @@ class CausalLM(LightningModule):
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
 
     def param_groups(self) -> list[dict]:
-        """Weight decay on matrices only (not norms, gains or temperatures), as in GPT-2/nanoGPT."""
-        params = self.trainable_parameters().values()
-        return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": self.optim.weight_decay},
-                {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        """Weight decay on matrices only (not norms, gains or temperatures), as in GPT-2/nanoGPT; T5's relative-bias
+        table, a matrix, joins the no-decay group when ``optim.decay_position_bias`` is false."""
+        def decayed(name: str, p: torch.nn.Parameter) -> bool:
+            return p.dim() >= 2 and (self.optim.decay_position_bias or not name.startswith("rel_bias."))
+
+        params = self.trainable_parameters().items()
+        return [{"params": [p for n, p in params if decayed(n, p)], "weight_decay": self.optim.weight_decay},
+                {"params": [p for n, p in params if not decayed(n, p)], "weight_decay": 0.0}]
 
     def configure_optimizers(self):
         o = self.optim

@@ -188,21 +188,13 @@ def _position_difference(claim: Claim, runs: Runs) -> Evidence:
 
 
 def _passkey_comparison(claim: Claim, runs: Runs) -> Evidence:
-    """The first method's passkey accuracy minus the second's (``passkey_difference``) or over it
-    (``passkey_ratio``; NaN where the second retrieves none), on the same prompts at ``multiples[0]`` x L (without
-    multiples: every length)."""
+    """The first method's passkey accuracy minus the second's (``passkey_difference``), on the same prompts at
+    ``multiples[0]`` x L (without multiples: every length)."""
     m0, m1 = claim.methods
     multiple = claim.multiples[0] if claim.multiples else None
     seeds = common_seeds(runs, claim.methods)
     tables = [passkey_units([run_result(runs, m0, s), run_result(runs, m1, s)], multiple) for s in seeds]
-    if claim.test == "passkey_difference":
-        return Evidence(seeds, tuple(tables), lambda sums: _mean(sums, 0) - _mean(sums, 1))
-
-    def ratio(sums: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return _mean(sums, 0) / _mean(sums, 1)
-
-    return Evidence(seeds, tuple(tables), ratio)
+    return Evidence(seeds, tuple(tables), lambda sums: _mean(sums, 0) - _mean(sums, 1))
 
 
 def _best_temperature(claim: Claim, runs: Runs) -> Evidence:
@@ -347,18 +339,23 @@ def head_rank(table: np.ndarray, entropy: np.ndarray) -> float:
 
 def untuned_head_entropy(result: EvaluationResult, target_len: int) -> np.ndarray:
     """(n_layer, n_head) attention entropy (nats) of an untuned model over positions ``[T - T/CONVERGED_TAIL, T)``
-    of ``T = target_len``, the positions HeadScale's converged entropy averages (``eval.entropy``), from its
-    evaluation's per-head entropy buckets (causal attention: a position's entropy does not depend on the window
-    continuing past it). ``NotMeasured`` when the buckets do not tile those positions."""
+    of ``T = target_len``, the positions HeadScale's converged entropy averages (``eval.entropy``)."""
+    return head_entropy_over(result, target_len - max(1, target_len // CONVERGED_TAIL), target_len)
+
+
+def head_entropy_over(result: EvaluationResult, start: int, stop: int) -> np.ndarray:
+    """(n_layer, n_head) attention entropy (nats) of an evaluated model averaged over positions ``[start, stop)``,
+    from its evaluation's per-head entropy buckets (causal attention: a position's entropy does not depend on the
+    window continuing past it). ``NotMeasured`` when the buckets do not tile those positions."""
     entropy = result.entropy
     if entropy is None:
         raise NotMeasured(f"no per-head attention entropy in setting {result.setting!r}: not measured in this "
                           f"bundle")
-    start, edges = target_len - max(1, target_len // CONVERGED_TAIL), entropy.edges
-    inside = [i for i, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True)) if start <= a and b <= target_len]
-    if not inside or edges[inside[0]] != start or edges[inside[-1] + 1] != target_len:
+    edges = entropy.edges
+    inside = [i for i, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True)) if start <= a and b <= stop]
+    if not inside or edges[inside[0]] != start or edges[inside[-1] + 1] != stop:
         raise NotMeasured(f"the untuned model's per-head entropy buckets do not tile positions [{start}, "
-                          f"{target_len}): not measured in this bundle")
+                          f"{stop}): not measured in this bundle")
     widths = np.diff(np.asarray(edges, dtype=np.float64))[inside]
     return np.asarray(entropy.per_head, dtype=np.float64)[..., inside] @ widths / widths.sum()
 
@@ -388,6 +385,5 @@ TESTS: dict[str, Callable[[Claim, Runs], Evidence]] = {
     "inflection_gap": _inflection_gap, "earliest_inflection": _inflection_gap,
     "inflection_shift": _inflection_shift, "entropy_and_ppl": _entropy_and_ppl,
     "head_entropy_rank": _head_entropy_rank, "passkey_difference": _passkey_comparison,
-    "passkey_ratio": _passkey_comparison,
     "best_temperature": _best_temperature, "best_temperature_rise": _best_temperature,
     "log_law_slope": _log_law_slope}

@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import matplotlib
+import matplotlib.ticker
 
 from nope_lightning.results.search import ScaleSearchResult
 
@@ -205,4 +206,44 @@ def head_grids(panels: Mapping[str, np.ndarray], columns: int = 4):
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     fig.colorbar(image, ax=axes, label="entropy (nats)")
+    return fig
+
+
+#: One line of ``seed_lines``: per seed ``(x, y)``, and the mean over seeds ``(x, y)``.
+SeedLines = tuple[Sequence[tuple[Sequence[float], Sequence[float]]], tuple[Sequence[float], Sequence[float]]]
+
+
+def seed_lines(panels: Mapping[str, Mapping[str, SeedLines]], xlabel: str, ylabel: str, title: str = "",
+               vline: float | None = None, logx: bool = False, logy: bool = False):
+    """Side-by-side panels (``title -> label -> SeedLines``), one colour per label (``method_style``): each seed a
+    thin line, the mean over seeds a thick one with markers; ``vline``: a dashed vertical line (the training length,
+    or lambda 1)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(1.5 + 3.6 * len(panels), 4), squeeze=False, sharey=True)
+    legend = {}  # every panel's labels, once, beside the last panel
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")  # 40, not 4 x 10^1
+    for ax, (panel, lines) in zip(axes.flat, panels.items(), strict=True):
+        for label, (per_seed, mean) in lines.items():
+            style = method_style(label)
+            for x, y in per_seed:
+                ax.plot(x, y, color=style["color"], linestyle=style["linestyle"], linewidth=0.7, alpha=0.35)
+            legend[label], = ax.plot(*mean, label=label, linewidth=2.2, **style)
+        if vline is not None:
+            ax.axvline(vline, color="black", linestyle="--", linewidth=1)
+        if logx:  # ticks at the drawn x (prompt lengths), not at powers of 2
+            ax.set_xscale("log", base=2)
+            ticks = sorted({v for per_seed, mean in lines.values() for v in mean[0]})
+            ax.set_xticks(ticks, [f"{v:g}" for v in ticks], fontsize=7)
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        if logy:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
+            ax.tick_params(axis="y", which="minor", labelsize=7)
+        ax.set_title(panel, fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes.flat[0].set_ylabel(ylabel)
+    axes.flat[-1].legend(legend.values(), legend.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
     return fig

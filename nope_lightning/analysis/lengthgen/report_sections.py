@@ -11,7 +11,7 @@ from nope_lightning.analysis.lengthgen import claims, rule_size, verdict_cells
 from nope_lightning.analysis.lengthgen.claims import Runs, retrieval_by_seed
 from nope_lightning.analysis.lengthgen.log_law import log_or_linear
 from nope_lightning.analysis.markdown import MISSING, cell, markdown_table
-from nope_lightning.analysis.rule_changes import exploratory_note
+from nope_lightning.analysis.rule_changes import exploratory_note, read_days
 from nope_lightning.analysis.verdicts import Outcome
 from nope_lightning.config.paper import RETRIEVAL_LEARNED, Claim
 from nope_lightning.numerics.stats import UNIT, Interval, t_interval
@@ -56,9 +56,12 @@ def paper_cell(claim: Claim, show) -> str:
     return f"{'>= ' if effect.at_least else ''}{show(effect.value)} {claim.unit} ({effect.how})"
 
 
-def claims_table(outcomes: Sequence[Outcome], seed_dates: Mapping[int | None, str] | None = None) -> str:
+def claims_table(outcomes: Sequence[Outcome], seed_dates: Mapping[int | None, str] | None = None,
+                 row_dates: Mapping[tuple[str, int | None], str] | None = None) -> str:
     """Each claim: its rule and declared test (with the day its rule took its present form when some of its
-    seeds ran before it: ``verdict_cells.declared_note``; ``seed_dates``: seed -> the day its run started), what
+    seeds ran before it: ``verdict_cells.declared_note``; ``seed_dates``: seed -> the day its run started, each
+    seed dated by the rows the claim reads where ``row_dates``, ``(method, seed) -> day``, knows them:
+    ``rule_changes.read_days``), what
     its source says and the paper's magnitude in our units, our effect as the mean of the per-seed effects with the
     interval its test reads (90 % t across seeds: the one-sided 95 % bounds; log scale: geometric mean) and each
     seed's effect, ours as a share of the paper's, the bound the verdict read, the 95 % prediction interval for one
@@ -67,8 +70,9 @@ def claims_table(outcomes: Sequence[Outcome], seed_dates: Mapping[int | None, st
     test, and the verdict (``claims.judge``). Under the table: which claims hold in direction only
     (``verdict_cells.magnitude_summary``). Seeds left out because their NoPE did not learn retrieval are named in
     the row; Fig 5's tuned view (``Outcome.aside``) follows its verdict's effect."""
-    rows, dates = [], seed_dates or {}
+    rows = []
     for o in outcomes:
+        dates = read_days(o.claim, seed_dates or {}, row_dates)
         show = ("{:+.3f}" if o.claim.signed else "{:.3f}").format
         left_out = (" (left out, NoPE did not learn retrieval: "
                     + ", ".join(f"seed {s} {a:.2f}" for s, a in o.excluded) + ")") if o.excluded else ""

@@ -65,30 +65,65 @@ def log_ppl(by_seed: Mapping[int | None, EvaluationResult], corpus: str, n: int)
     return across(by_seed, value, single)
 
 
+#: Which column of paper 001's Table 2 a corpus's perplexities are printed beside, by our corpus name
+#: (``data.corpus``): ``(column name, its rows)``. PG19 is Project Gutenberg's books published before 1919;
+#: the KJV (``kjv``, and ``tiny``, ten of its books) is such a book, and ``books`` adds Project Gutenberg's
+#: Shakespeare and Milton and Austen's novels. Proof-pile is mathematics: arXiv papers and formal proof libraries,
+#: of which ``math`` (HOL Light, Metamath, Coq) is a part. Any other corpus (``code``, the Python standard
+#: library, which neither column holds, or a user's files) gets no paper column: the paper measured nothing like it.
+TABLE2_BY_CORPUS: dict[str, tuple[str, Mapping[str, tuple[float, ...]]]] = {
+    "kjv": ("PG19", paper.TABLE2_PG19), "tiny": ("PG19", paper.TABLE2_PG19), "books": ("PG19", paper.TABLE2_PG19),
+    "math": ("Proof-pile", paper.TABLE2_PROOFPILE)}
+
+
+def ppl_rows(runs: Runs, corpus: str, lengths: Sequence[int], rows: Mapping[str, str],
+             seeds: bool = False) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)`` of a Table 2 analog on ``corpus``: per method its PPL at each of ``lengths`` (tokens; mean
+    log-PPL over its seeds shown as PPL, [95 % t interval across them]; one seed: its run's bootstrap interval),
+    with its seed count when ``seeds``, and the paper's row ``rows[method]`` of the corpus's Table 2 column
+    (``TABLE2_BY_CORPUS``; none: no paper column)."""
+    first = next(r for by_seed in runs.values() for r in by_seed.values())
+    column = TABLE2_BY_CORPUS.get(corpus)
+    header = ["method", *(["seeds"] if seeds else []), *[f"{n} ({n / first.train_len:g}x)" for n in lengths],
+              *(["paper 1x/2x/4x/8x"] if column else [])]
+    table = []
+    for method, by_seed in runs.items():
+        row = [method, *([len(by_seed)] if seeds else []),
+               *[cell(exp_interval(log_ppl(by_seed, corpus, n)), paper.fmt) for n in lengths]]
+        if column:
+            ref = column[1].get(rows.get(method, ""))
+            row.append(" / ".join(paper.fmt(v) for v in ref) if ref else MISSING)
+        table.append(row)
+    return header, table
+
+
+def paper_column_note(corpus: str) -> str:
+    """The heading's words on the paper column of ``corpus``'s table."""
+    column = TABLE2_BY_CORPUS.get(corpus)
+    return (f"paper column: {column[0]}, TinyLlama-1.1B at 2K" if column
+            else f"no paper column: paper 001 measured no corpus like `{corpus}`")
+
+
 def ppl_tables(runs: Runs, rows: Mapping[str, str]) -> str:
-    """Table 2 analog: PPL per method x length for each corpus, with the paper's row ``rows[method]`` (a key of
-    ``paper.TABLE2_PG19``) where the method has one and the corpus's table holds it."""
-    first = next(iter(next(iter(runs.values())).values()))
-    train_len, out = first.train_len, []
-    for corpus in first.corpora:
-        lengths = sorted({n for by_seed in runs.values() for r in by_seed.values()
+    """Table 2 analog: one table per corpus any method was evaluated on (in the order first met), each holding
+    only the methods evaluated on it (``ppl_rows``: PPL per method x length) with the paper's row ``rows[method]``
+    from that corpus's column (``TABLE2_BY_CORPUS``: ``math`` beside Proof-pile) where it holds one."""
+    corpora = dict.fromkeys(c for by_seed in runs.values() for r in by_seed.values() for c in r.corpora)
+    out = []
+    for corpus in corpora:
+        on = {m: by_seed for m, by_seed in runs.items() if any(corpus in r.corpora for r in by_seed.values())}
+        lengths = sorted({n for by_seed in on.values() for r in by_seed.values()
                           for n in (r.ppl or {}).get(corpus, {})})
         if not lengths:
             continue
-        reference = paper.TABLE2_PROOFPILE if corpus in ("math", "code") else paper.TABLE2_PG19
-        header = ["method", *[f"{n} ({n / train_len:g}x)" for n in lengths], "paper 1x/2x/4x/8x"]
-        table = []
-        for method, by_seed in runs.items():
-            cells = [cell(exp_interval(log_ppl(by_seed, corpus, n)), paper.fmt) for n in lengths]
-            ref = reference.get(rows.get(method, ""))
-            table.append([method, *cells, " / ".join(paper.fmt(v) for v in ref) if ref else MISSING])
-        name = "PG19" if reference is paper.TABLE2_PG19 else "Proof-pile"
-        others = sorted({r.split for by_seed in runs.values() for r in by_seed.values()} - {first.split})
+        first = next(iter(next(iter(on.values())).values()))
+        header, table = ppl_rows(on, corpus, lengths, rows)
+        others = sorted({r.split for by_seed in on.values() for r in by_seed.values()} - {first.split})
         split = first.split + (f" split; the rows run on the {', '.join(others)} split say so in their names"
                                if others else " split")
         out.append(f"### Sliding-window perplexity on `{corpus}` ({split}, stride {first.stride}, "
-                   f"every length scored on the same target tokens; {seed_note(runs)}; paper column: {name}, "
-                   f"TinyLlama-1.1B at 2K)\n\n" + markdown_table(header, table))
+                   f"every length scored on the same target tokens; {seed_note(on)}; {paper_column_note(corpus)})"
+                   f"\n\n" + markdown_table(header, table))
     return "\n\n".join(out)
 
 
@@ -97,7 +132,8 @@ def paired_table(runs: Runs, resamples: int, reference: str) -> str:
     (log-PPL at each evaluation length, passkey accuracy at each passkey length that is a whole multiple of L,
     headed with where its answer falls: ``answer_label``), pooled as the mean over seeds
     with its 95 % bootstrap interval (``claims.measure``), and on how many seeds the method does better (lower
-    log-PPL, higher accuracy). Across-seed t intervals of each method's own figures (the tables above) are
+    log-PPL, higher accuracy); a method whose primary corpus is not the reference's is left out. Across-seed t
+    intervals of each method's own figures (the tables above) are
     unpaired; these differences cancel the seed's model and the text, which is what a comparison needs."""
     if reference not in runs:
         return ""
@@ -110,8 +146,9 @@ def paired_table(runs: Runs, resamples: int, reference: str) -> str:
                  f"{answer_label(n, L, key_tokens(runs[reference].values(), n))}", 1)
                 for n in sorted({s.length for s in (first.passkey.samples if first.passkey else [])}) if n % L == 0]
     rows = []
-    for method in runs:
-        if method == reference:
+    for method, by_seed in runs.items():
+        # A method evaluated on another corpus (Table 2's second column) has no window in common with the reference.
+        if method == reference or next(iter(by_seed.values())).corpora[:1] != first.corpora[:1]:
             continue
         cells = []
         for test, multiples, _, better in columns:

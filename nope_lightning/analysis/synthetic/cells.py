@@ -1,15 +1,17 @@
 """Paper 002's synthetic-grid cells as the claims read them (``claims``): one ``SyntheticCell`` per (task,
 scratchpad, PE, seed), indexed, laid out as (seeds, tasks, columns) grids, and each cell's exact match with its Wilson
-interval. Accuracies are exact match in [0, 1]: "id" the validation split (training lengths), "ood" the test split."""
+interval. Accuracies are exact match in [0, 1]: "id" in distribution (training lengths: the held-out ID test split
+where a cell has one, else the validation split, ``SyntheticCell.id_score``), "ood" the test split."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from nope_lightning.analysis.verdicts import NotMeasured
-from nope_lightning.numerics.stats import Interval, bootstrap, wilson
+from nope_lightning.numerics.stats import LEVEL, Interval, wilson
 from nope_lightning.results.synthetic import SyntheticCell
 
 NONE, FULL = "none", "full"  # the scratchpad formats the claims read
@@ -20,9 +22,10 @@ Column = tuple[str, str]  # (scratchpad, PE)
 
 
 def exact_match(result: SyntheticCell, split: str) -> Interval:
-    """One cell's exact match on ``split`` ("id": its validation examples, "ood": its test examples) with the 95 %
-    Wilson interval over those examples."""
-    buckets = [b for b in result.buckets if b.split == split]
+    """One cell's exact match on ``split`` ("id": its held-out ID test examples when it has them, else its
+    validation examples; "ood": its test examples) with the 95 % Wilson interval over those examples."""
+    buckets = (result.id_test_buckets if split == "id" and result.id_test_buckets
+               else [b for b in result.buckets if b.split == split])
     return wilson(sum(round(b.acc * b.n) for b in buckets), sum(b.n for b in buckets))
 
 
@@ -88,20 +91,45 @@ class CellIndex:
 
 def accuracy(grid: np.ndarray, split: str) -> np.ndarray:
     """Exact match of each cell of ``grid`` on ``split`` ("id" or "ood"), same shape, float."""
-    return np.vectorize(lambda c: c.ood_acc if split == "ood" else c.id_acc, otypes=[float])(grid)
+    return np.vectorize(lambda c: c.ood_acc if split == "ood" else c.id_score[0], otypes=[float])(grid)
 
 
-def paired_bootstrap(grid: np.ndarray, pooled: Callable[[np.ndarray], np.ndarray], resamples: int) -> Interval | None:
-    """Evaluation-only interval of ``pooled`` (accuracies (R, seeds, tasks, columns) -> (R,)): each (seed, task)'s
-    test examples are drawn once for all its cells (one ``stats.bootstrap`` stratum), so the cells stay paired
-    example by example. None when a cell has no per-example record (a version-1 result)."""
+def paired_bootstrap(grid: np.ndarray, pooled: Callable[[np.ndarray], np.ndarray], resamples: int,
+                     seed: int = 0) -> Interval | None:
+    """Evaluation-only percentile interval of ``pooled`` (accuracies (R, seeds, tasks, columns) -> (R,)): each
+    (seed, task)'s test examples are drawn once for all its cells, so the cells stay paired example by example.
+    None when a cell has no per-example record (a version-1 result). ``values``: the R resampled statistics
+    (``robustness.quantile_se`` reads the bounds' Monte Carlo error from them).
+
+    The draw is ``stats.bootstrap``'s (n examples with replacement per stratum), done on each (seed, task)'s
+    distinct rows of 0/1 outcomes across its cells instead of its n examples: which examples are drawn matters only
+    through how many of each row pattern are, and those counts are multinomial(n, the patterns' shares) exactly.
+    With 5 PEs there are at most 32 patterns instead of 400 examples, which keeps 10,000 resamples cheap."""
     if any(not c.ood_correct for c in grid.flat):
         return None
     n_seeds, n_tasks, n_columns = grid.shape
-    strata = [np.column_stack([*(np.asarray(c.ood_correct, dtype=float) for c in grid[s, t]),
-                               np.ones(len(grid[s, t, 0].ood_correct))]) for s, t in np.ndindex(n_seeds, n_tasks)]
+    rng, sums = np.random.default_rng(seed), []
+    for s, t in np.ndindex(n_seeds, n_tasks):
+        rows = np.column_stack([np.asarray(c.ood_correct, dtype=float) for c in grid[s, t]])
+        patterns, counts = np.unique(rows, axis=0, return_counts=True)
+        sums.append(rng.multinomial(len(rows), counts / len(rows), size=resamples) @ patterns / len(rows))
+    values = np.asarray(pooled(np.stack(sums, 1).reshape(resamples, n_seeds, n_tasks, n_columns)), dtype=float)
+    full = accuracy(grid, "ood")[None]
+    return percentile_interval(float(np.asarray(pooled(full)).reshape(-1)[0]), values)
 
-    def statistic(sums: np.ndarray) -> np.ndarray:  # (R, strata, columns + 1): correct counts, then examples drawn
-        return pooled((sums[..., :n_columns] / sums[..., n_columns:]).reshape(-1, n_seeds, n_tasks, n_columns))
 
-    return bootstrap(strata, statistic, resamples)
+def percentile_interval(estimate: float, values: np.ndarray, level: float = LEVEL) -> Interval:
+    """``stats.bootstrap``'s percentile interval of resampled ``values`` (R,) around ``estimate``: undefined
+    (non-finite) resamples left out and counted; the values kept on the interval's ``values``."""
+    finite = values[np.isfinite(values)]
+    low, high = np.quantile(finite, [(1 - level) / 2, (1 + level) / 2]) if finite.size else (np.nan, np.nan)
+    return BootInterval(estimate, float(low), float(high), level, undefined=int(values.size - finite.size),
+                        resamples=int(values.size), values=finite)
+
+
+@dataclass(frozen=True)
+class BootInterval(Interval):
+    """A bootstrap ``Interval`` that keeps its resampled statistics (``values``, the finite ones), from which
+    the Monte Carlo error of its bounds is read (``robustness.quantile_se``)."""
+
+    values: np.ndarray = field(default_factory=lambda: np.zeros(0), compare=False, repr=False)

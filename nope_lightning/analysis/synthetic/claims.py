@@ -44,18 +44,24 @@ Choices where the paper leaves room:
 * **"NoPE outperforms the explicit PEs"** is tested as the paper states it, superiority: NoPE's mean OOD exact match
   minus the best explicit PE's, reproduced only when the interval's lower bound is above 0; an interval holding 0
   is inconclusive.
+* **Trust** (``robustness``): every bootstrap draws at least ``CLAIM_RESAMPLES`` and keeps its resamples, from which
+  its bounds' Monte Carlo error is read; each outcome carries the effect with each task left out (``loto``) and can
+  judge its claim again on the seeds run after its rule (``rejudge``). The scratchpad claims, the exploratory one
+  and the two pre-registered before seeds 3-5 ran (judged on those only), are in ``formats``.
+* **The race recipe** (stop at validation ID exact match >= 0.99 twice, or 3x the steps; embeddings at N(0, 1)) is
+  a rule of how cells are trained, not judged; it is dated on the PE-vs-PE claims all the same (``_RACE``), so that
+  only the seeds trained under it count as new seeds for them, and "Rules changed" lists it with them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from nope_lightning.analysis.synthetic.cells import (
-    FULL,
     NONE,
     CellIndex,
     Column,
@@ -63,8 +69,9 @@ from nope_lightning.analysis.synthetic.cells import (
     paired_bootstrap,
 )
 from nope_lightning.analysis.synthetic.chance import at_chance
-from nope_lightning.analysis.synthetic.grid import PaperMRR, mrr_with_ties, paper_mrr
-from nope_lightning.analysis.verdicts import NO_SEED_VERDICT, NotMeasured, Outcome, verdict
+from nope_lightning.analysis.synthetic.grid import PaperMRR, paper_mrr, reciprocal_ranks
+from nope_lightning.analysis.synthetic.robustness import LeftOut, crossed
+from nope_lightning.analysis.verdicts import NotMeasured, Outcome, verdict
 from nope_lightning.config.claim_rules import RuleChange
 from nope_lightning.config.paper import SYNTHETIC_MRR, Claim, Precondition
 from nope_lightning.config.synthetic import PAPER_NAMES
@@ -102,16 +109,23 @@ class SyntheticClaim(Claim):
     ``test``: this module's statistic (``mrr_margin``, ``ood_margin``, ``scratchpad_split``); ``methods``: the PEs it
     reads, the claimed one first; ``rivals``: those it is measured against (effect: its value minus the best rival's);
     ``tasks``: its tasks (empty: all); ``preconditions``: ``id_exact_match_at_least``, applied task by task: at least
-    ``learned_by`` of its PEs reach its value (None: every PE it names)."""
+    ``learned_by`` of its PEs reach its value (None: every PE it names). ``awaits``: the seeds a claim pre-registered
+    before they ran is judged on (only those run after its rule; ``formats``)."""
 
     rivals: tuple[str, ...] = ()
     tasks: tuple[str, ...] = ()
     learned_by: int | None = None
+    awaits: tuple[int, ...] = ()
 
     @property
     def rule(self) -> str:
         if self.test == "scratchpad_split":
             return "a task's effect > 0 and another's <= 0 (t intervals)"
+        if self.test == "scratchpad_helps":
+            return (f"a task's lower bound > {self.threshold:g} and another's upper bound <= {self.threshold:g} "
+                    "(t intervals, new seeds only)")
+        if self.test == "scratchpad_format":
+            return f"a task's interval excludes 0 (t intervals, new seeds only; none: all within +-{self.threshold:g})"
         return super().rule
 
 
@@ -135,7 +149,16 @@ _FULL_FORMAT = RuleChange("2026-11-27", "the scratchpad claim's ID precondition 
                                         "parity -0.30); chosen after those results were seen", seen=True)
 _CHANCE = RuleChange("2026-11-28", f"an OOD exact match at or below its task's chance + {EM_EFFECT:g} counts as "
                                    "chance for every PE (parity, LEGO: 0.5), so PEs at chance tie")
-_RANKS = (_LEARNED, _TOO_FEW, _CHANCE)
+# A recipe rule, dated like the judging rules: only seeds run after it were trained under it, so only they are new
+# seeds for the claims comparing PEs (``robustness.new_seeds``); its day also lists it under "Rules changed".
+_RACE = RuleChange("2026-11-28", "each cell trains until validation ID exact match >= 0.99 at 2 consecutive "
+                                 "validations, or a cap of 3x the task's steps, every encoding's token embeddings at "
+                                 "N(0, 1) (the reference's init), T5's bias table without weight decay (the "
+                                 "reference's): a recipe rule (conf/synthetic-grid/race.yaml), applying to the runs "
+                                 "made under it")
+_RANKS = (_LEARNED, _TOO_FEW, _CHANCE, _RACE)
+_PREREGISTERED = RuleChange("2026-11-28", "pre-registered before seeds 3-5 run")
+NEW_SEEDS = (3, 4, 5)  # the seeds the pre-registered claims wait for
 # The MRR claims are orderings ("highest"), so their threshold is 0: any margin whose interval over tasks and seeds
 # excludes 0 is an ordering; an OOD exact-match difference must clear ``EM_EFFECT``.
 SYNTHETIC_CLAIMS: tuple[SyntheticClaim, ...] = (
@@ -170,6 +193,18 @@ SYNTHETIC_CLAIMS: tuple[SyntheticClaim, ...] = (
                    "exact match with it minus without, mean over the PEs run in both formats)",
                    "scratchpad is not always helpful", "scratchpad_split", RANKED, unit="(exact match)",
                    preconditions=_id_floor(RANKED), conditional=True, changes=(_TOO_FEW, _FULL_FORMAT)),
+    # The same sentence as the paper states it, pre-registered (``formats``): over the 5 encodings, on the tasks learned
+    # with and without the scratchpad; judged on the seeds run after it only.
+    SyntheticClaim("scratchpad_not_always_helpful", "a full scratchpad is not always helpful (per task learned in "
+                   "both formats: OOD exact match with it minus without, mean over the 5 PEs)",
+                   "scratchpad is not always helpful", "scratchpad_helps", RANKED, threshold=EM_EFFECT,
+                   unit="(exact match)", preconditions=_id_floor(RANKED), learned_by=LEARNED_BY, conditional=True,
+                   changes=(_PREREGISTERED,), awaits=NEW_SEEDS),
+    SyntheticClaim("scratchpad_format_matters", "the scratchpad's format matters (per task: OOD exact match with the "
+                   "full scratchpad minus the minimal one, mean over the 5 PEs)",
+                   "its format highly impacts the model's performance", "scratchpad_format", RANKED,
+                   threshold=EM_EFFECT, unit="(exact match)", preconditions=_id_floor(RANKED), conditional=True,
+                   changes=(_PREREGISTERED,), awaits=NEW_SEEDS),
 )
 
 
@@ -178,12 +213,17 @@ class SyntheticOutcome(Outcome):
     """``verdicts.Outcome`` with the tasks the effect is computed over, those left out (task, why) and the PEs compared on
     a learned task below the ID floor (task, who). The scratchpad
     claim's has one outcome per task in ``by_task`` (the verdict of "it helps this task"; ``interval``: the
-    evaluation-only interval, None without per-example results) and no interval of its own."""
+    evaluation-only interval, None without per-example results) and no interval of its own. ``loto``: the claim
+    recomputed leaving each of its tasks out; ``rejudge(seeds)``: the claim's outcome on those seeds' cells alone
+    (``robustness.new_seeds`` picks them)."""
 
     tasks: tuple[str, ...] = ()
     left_out: tuple[tuple[str, str], ...] = ()
     below: tuple[tuple[str, str], ...] = ()
     by_task: tuple[SyntheticOutcome, ...] = ()
+    loto: tuple[LeftOut, ...] = ()
+    rejudge: Callable[[Sequence[int | None]], SyntheticOutcome] | None = field(default=None, compare=False,
+                                                                                repr=False)
 
     @property
     def queries(self) -> int:
@@ -194,10 +234,8 @@ class SyntheticOutcome(Outcome):
 # --- statistics: accuracies (..., seeds, tasks, columns) --------------------------------------------------------
 
 def _mrr(acc: np.ndarray) -> np.ndarray:
-    """MRR of each column over the queries of ``acc`` (..., queries, columns) -> (..., columns)."""
-    flat = acc.reshape(-1, *acc.shape[-2:])
-    mrr = [list(mrr_with_ties({str(c): a[:, c] for c in range(a.shape[1])}).values()) for a in flat]
-    return np.asarray(mrr).reshape(*acc.shape[:-2], acc.shape[-1])
+    """MRR of each column over the queries of ``acc`` (..., queries, columns) -> (..., columns), ties averaged."""
+    return reciprocal_ranks(acc).mean(-2)
 
 
 def _margin(value: np.ndarray, rivals: Sequence[int]) -> np.ndarray:
@@ -234,7 +272,7 @@ def _verdict(claim: SyntheticClaim, across: Interval, tasks: int) -> str:
     return verdict(claim, across) if tasks >= MIN_TASKS else TOO_FEW
 
 
-def _compare(claim: SyntheticClaim, index: CellIndex, resamples: int) -> SyntheticOutcome:
+def compare(claim: SyntheticClaim, index: CellIndex, resamples: int) -> SyntheticOutcome:
     """A PE-vs-PE claim (``mrr_margin``, ``ood_margin``) on the cells without a scratchpad."""
     columns = [(NONE, pe) for pe in claim.methods]
     counted = [(NONE, pe) for pe in claim.preconditions[0].methods]  # whether the task is learned: these PEs' ID
@@ -248,7 +286,13 @@ def _compare(claim: SyntheticClaim, index: CellIndex, resamples: int) -> Synthet
     grid, rivals, mrr = grid[:, kept], [claim.methods.index(pe) for pe in claim.rivals], claim.test == "mrr_margin"
     names = [tasks[t] for t in kept]
     acc = at_chance(accuracy(grid, "ood"), names, EM_EFFECT)
-    per_seed = _margin(_mrr(acc) if mrr else acc.mean(-2), rivals)  # a seed's tasks: its queries, or its mean
+
+    def across_seeds(a: np.ndarray) -> Interval:  # (seeds, tasks, columns) -> the interval the verdict reads
+        per_seed = _margin(_mrr(a) if mrr else a.mean(-2), rivals)  # a seed's tasks: its queries, or its mean
+        # a resample of queries keeps each query's reciprocal ranks (seeds, tasks, columns): computed once
+        across = (crossed(_mrr(a[..., None, :]), lambda m: _margin(m, rivals), resamples) if mrr
+                  else t_interval(per_seed))
+        return replace(across, per_seed=tuple(per_seed.tolist()))
 
     def pooled(a: np.ndarray) -> np.ndarray:  # (R, seeds, tasks, columns) -> (R,)
         a = at_chance(a, names, EM_EFFECT)
@@ -256,72 +300,17 @@ def _compare(claim: SyntheticClaim, index: CellIndex, resamples: int) -> Synthet
             return _margin(_mrr(a.reshape(a.shape[0], -1, a.shape[-1])), rivals)
         return _margin(a.mean(-2), rivals).mean(-1)  # the mean of the per-seed effects
 
-    if mrr:  # a resample of queries keeps each query's reciprocal ranks (seeds, tasks, columns): computed once
-        across = crossed_bootstrap(_mrr(acc[..., None, :]), lambda m: _margin(m, rivals), resamples)
-    else:
-        across = t_interval(per_seed)
-    across = replace(across, per_seed=tuple(per_seed.tolist()))
+    across = across_seeds(acc)
+    per_seed = np.asarray(across.per_seed)
+    loto = []
+    for t, task in enumerate(names if len(names) > 1 else []):  # one task left out of one leaves nothing
+        without = across_seeds(np.delete(acc, t, axis=1))
+        loto.append(LeftOut(task, without.estimate, _verdict(claim, without, len(names) - 1)))
     # without per-example results (version-1 cells) the evaluation-only interval is the estimate, unbounded
     evaluation = paired_bootstrap(grid, pooled, resamples) or Interval(float(pooled(acc[None])[0]), math.nan, math.nan)
     return SyntheticOutcome(claim, _verdict(claim, across, len(kept)), replace(evaluation, per_seed=across.per_seed),
                             tuple(seeds), across=across, prediction=prediction_interval(per_seed),
-                            tasks=tuple(names), left_out=tuple(left_out), below=tuple(below))
-
-
-def _scratchpad(claim: SyntheticClaim, index: CellIndex, resamples: int) -> SyntheticOutcome:
-    """The scratchpad claim: each task's full-minus-none effect, then whether some help and others do not."""
-    tasks = [t for t in index.tasks(FULL) if t in index.tasks(NONE)]
-    if not tasks:
-        raise NotMeasured("the results hold no task run both with a full scratchpad and without one")
-    effects, left_out = [], [(t, "run with a full scratchpad only") for t in index.tasks(FULL) if t not in tasks]
-    for task in tasks:
-        seeds = index.seeds(FULL, [task])
-        pes = [pe for pe in claim.methods
-               if all((task, pad, pe, seed) in index.cells for pad in (FULL, NONE) for seed in seeds)]
-        if not pes:
-            left_out.append((task, "no PE run in both formats in every seed"))
-            continue
-        columns = [(FULL, pe) for pe in pes] + [(NONE, pe) for pe in pes]
-        grid = index.grid([task], seeds, columns)
-        kept, failed, _ = _passing(claim, grid[..., :len(pes)], [task], columns[:len(pes)])  # the format run with
-        left_out += failed
-        if not kept:
-            continue
-
-        def effect(a: np.ndarray, n: int = len(pes)) -> np.ndarray:  # (..., seeds, 1, 2n) -> (..., seeds)
-            return (a[..., :n] - a[..., n:]).mean(-1)[..., 0]
-
-        across = t_interval(effect(accuracy(grid, "ood")))
-        evaluation = paired_bootstrap(grid, lambda a, f=effect: f(a).mean(-1), resamples)
-        effects.append(SyntheticOutcome(claim, verdict(claim, across), evaluation, tuple(seeds), across=across,
-                                        tasks=(task,)))
-    kept = tuple(e.tasks[0] for e in effects)
-    verdicts = {e.verdict for e in effects}
-    if len(effects) < MIN_TASKS:
-        overall = TOO_FEW
-    elif verdicts == {NO_SEED_VERDICT}:
-        overall = NO_SEED_VERDICT
-    elif {"reproduced", "not reproduced"} <= verdicts:
-        overall = "reproduced"
-    else:  # helping every task, or none, fails the claim; an undecided task leaves it open
-        overall = "not reproduced" if verdicts in ({"reproduced"}, {"not reproduced"}) else "inconclusive"
-    reason = f"{len(kept)} of at least {MIN_TASKS} tasks learned with a full scratchpad" if overall == TOO_FEW else ""
-    return SyntheticOutcome(claim, overall, seeds=tuple(index.seeds(FULL, tasks)), reason=reason, tasks=kept,
-                            left_out=tuple(left_out), by_task=tuple(effects))
-
-
-def evaluate_claims(cells: Iterable[SyntheticCell], resamples: int = 1000,
-                    claims: Sequence[SyntheticClaim] = SYNTHETIC_CLAIMS) -> list[SyntheticOutcome]:
-    """Each claim's outcome on ``cells`` (one or more grids'); a claim whose cells are missing or unpaired is *not
-    measured*, with the reason."""
-    index, outcomes = CellIndex(cells), []
-    for claim in claims:
-        try:
-            outcomes.append((_scratchpad if claim.test == "scratchpad_split" else _compare)(claim, index, resamples))
-        except NotMeasured as missing:
-            reason = str(missing) + (" (tested only where the results hold both formats)" if claim.conditional else "")
-            outcomes.append(SyntheticOutcome(claim, "not measured", reason=reason))
-    return outcomes
+                            tasks=tuple(names), left_out=tuple(left_out), below=tuple(below), loto=tuple(loto))
 
 
 def mrr_intervals(cells: Iterable[SyntheticCell], resamples: int = 1000) -> tuple[dict[str, Interval], list[str]]:

@@ -48,23 +48,26 @@ def _reciprocal_ranks(scores: Mapping[str, Sequence[float]], ties: str) -> dict[
         raise ValueError("every method needs one score per query, and at least one query")
     if np.isnan(table).any():
         raise ValueError("scores contain NaN")
-    # [i, j, q] compares method j with method i on query q.
-    higher = (table[None, :, :] > table[:, None, :]).sum(axis=1)
-    tied = table[None, :, :] == table[:, None, :]  # includes the method itself
     if ties == "average":
-        rank = higher + (tied.sum(axis=1) + 1) / 2
-    else:  # "first": the tied methods listed before i ([i, j]: j < i) rank above it
-        rank = higher + (tied & np.tri(len(names), k=-1, dtype=bool)[:, :, None]).sum(axis=1) + 1
+        return dict(zip(names, reciprocal_ranks(table.T).mean(0).tolist(), strict=True))
+    # "first": the tied methods listed before i ([i, j]: j < i) rank above it; [i, j, q]: method j against i on q
+    higher, tied = (table[None] > table[:, None]).sum(1), table[None] == table[:, None]
+    rank = higher + (tied & np.tri(len(names), k=-1, dtype=bool)[:, :, None]).sum(axis=1) + 1
     return {name: float(np.mean(1.0 / rank[i])) for i, name in enumerate(names)}
 
 
-def mrr_with_ties(scores: Mapping[str, Sequence[float]]) -> dict[str, float]:
-    """Mean reciprocal rank of each method; ``scores[method][q]`` is its score on query q (higher wins).
+def reciprocal_ranks(scores: np.ndarray) -> np.ndarray:
+    """1 / rank of each method, ``scores`` (..., methods) -> the same shape, over any leading axes (queries,
+    resamples): rank 1 the highest score, tied methods sharing their ranks' mean (two tied first: 1 / 1.5 each)."""
+    higher = (scores[..., None, :] > scores[..., :, None]).sum(-1)  # [..., i]: methods scoring above method i
+    tied = (scores[..., None, :] == scores[..., :, None]).sum(-1)  # including method i itself
+    return 1.0 / (higher + (tied + 1) / 2)
 
-    On each query the methods are ranked 1..n and tied methods all get the mean of the ranks they span
-    (pandas' ``rank(method="average")``): two methods tied for first both get rank 1.5, i.e. 1/1.5.
-    A method's MRR is the mean over queries of 1/rank.
-    """
+
+def mrr_with_ties(scores: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Mean reciprocal rank of each method; ``scores[method][q]`` is its score on query q (higher wins). On each
+    query tied methods all get the mean of the ranks they span (pandas' ``rank(method="average")``,
+    ``reciprocal_ranks``); a method's MRR is the mean over queries of 1/rank."""
     return _reciprocal_ranks(scores, "average")
 
 

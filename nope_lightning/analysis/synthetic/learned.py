@@ -2,7 +2,9 @@
 split at the training lengths, mean over seeds), how many of the PEs reach ``ID_FLOOR`` and whether the task counts
 as learned, i.e. ``LEARNED_BY`` of the 5 PEs reach it (the goal a recipe is chosen for, and the rule by which
 ``claims`` lets a task into the PE-vs-PE claims and our MRR). Tasks without a scratchpad
-only; a task of the paper that has no cells is listed as not run, so a partial study says what it lacks.
+only; a task of the paper that has no cells is listed as not run, so a partial study says what it lacks. A cell's
+in-distribution number is its held-out ID test split's when it has one, else its validation split's
+(``SyntheticCell.id_score``); the table says which, and how each cell's training ended (stopping rule or step cap).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from nope_lightning.results.synthetic import SyntheticCell
 
 def learned_table(cells: Iterable[SyntheticCell]) -> str:
     """``### Tasks learned``: one row per task run without a scratchpad (the paper's task order): each PE's ID exact
-    match, mean over its seeds (min over seeds in brackets when they differ by more than 0.005), the steps and
-    training examples of the task's recipe, the PEs at or above ``ID_FLOOR`` and the verdict; then the count of
-    learned tasks out of the paper's 17 and the tasks not run. '' without plain cells."""
+    match, mean over its seeds (min over seeds in brackets when they differ by more than 0.005), the split those
+    come from, the steps the cells ended at and how many the stopping rule ended, the seeds, the PEs at or above
+    ``ID_FLOOR`` and the verdict; then the count of learned tasks out of the paper's 17 and the tasks not run. ''
+    without plain cells."""
     by_task: dict[str, dict[str, list[SyntheticCell]]] = {}
     for c in cells:
         if c.scratchpad == NONE:
@@ -31,21 +34,22 @@ def learned_table(cells: Iterable[SyntheticCell]) -> str:
         return ""
     rows, learned_tasks = [], []
     for task in [t for t in PAPER_TASKS if t in by_task]:
-        means = {pe: float(np.mean([c.id_acc for c in runs])) for pe, runs in by_task[task].items()}
+        means = {pe: float(np.mean([c.id_score[0] for c in runs])) for pe, runs in by_task[task].items()}
         reach = [pe for pe in RANKED if means.get(pe, -1.0) >= ID_FLOOR]
         is_learned = learned(means.get(pe, -1.0) for pe in RANKED)
         if is_learned:
             learned_tasks.append(task)
-        steps = sorted({c.steps for runs in by_task[task].values() for c in runs})
-        seeds = sorted({c.seed for runs in by_task[task].values() for c in runs})
-        rows.append([task, *(_mean_cell(by_task[task].get(pe)) for pe in RANKED), "/".join(map(str, steps)),
-                     len(seeds), f"{len(reach)} of {len(RANKED)}",
+        runs = [c for pe_runs in by_task[task].values() for c in pe_runs]
+        steps = sorted({c.steps for c in runs})
+        seeds = sorted({c.seed for c in runs})
+        rows.append([task, *(_mean_cell(by_task[task].get(pe)) for pe in RANKED), _split(runs),
+                     "/".join(map(str, steps)), _stopped(runs), len(seeds), f"{len(reach)} of {len(RANKED)}",
                      "**learned**" if is_learned else "not learned"])
     missing = [t for t in PAPER_TASKS if t not in by_task]
     return (f"### Tasks learned (in-distribution exact match, mean over seeds [min]; a PE learns a task at >= "
             f"{ID_FLOOR:g}, a task is learned when >= {LEARNED_BY} of the {len(RANKED)} PEs do)\n\n"
-            + markdown_table(["task", *(PAPER_NAMES[pe] for pe in RANKED), "steps", "seeds", "PEs >= floor",
-                              "verdict"], rows)
+            + markdown_table(["task", *(PAPER_NAMES[pe] for pe in RANKED), "ID split", "steps",
+                              "ended by the stopping rule", "seeds", "PEs >= floor", "verdict"], rows)
             + f"\n\n**{len(learned_tasks)} of the paper's {len(PAPER_TASKS)} tasks learned** by >= {LEARNED_BY} of the "
             f"{len(RANKED)} PEs" + (f" ({', '.join(learned_tasks)})" if learned_tasks else "")
             + (f"; not run: {', '.join(missing)}." if missing else "."))
@@ -55,6 +59,20 @@ def _mean_cell(runs: list[SyntheticCell] | None) -> str:
     """'0.97' (mean ID over seeds) or '0.97 [0.91]' with the worst seed when the seeds differ."""
     if not runs:
         return MISSING
-    values = [c.id_acc for c in runs]
+    values = [c.id_score[0] for c in runs]
     mean, worst = float(np.mean(values)), min(values)
     return f"{mean:.2f}" + (f" [{worst:.2f}]" if mean - worst > 0.005 else "")
+
+
+def _split(runs: list[SyntheticCell]) -> str:
+    """Which split the row's ID numbers come from: 'validation', 'ID test', or both with their counts."""
+    names = {"validation": "validation", "id_test": "ID test"}
+    counts = {names[split]: sum(c.id_score[1] == split for c in runs) for split in names}
+    used = {name: n for name, n in counts.items() if n}
+    return next(iter(used)) if len(used) == 1 else ", ".join(f"{name} ({n} cells)" for name, n in used.items())
+
+
+def _stopped(runs: list[SyntheticCell]) -> str:
+    """'n of m cells' the stopping rule ended (the rest ran to their step cap); '—' when no cell recorded it."""
+    recorded = [c.stopped_by_rule for c in runs if c.stopped_by_rule is not None]
+    return f"{sum(recorded)} of {len(recorded)} cells" if recorded else MISSING

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from nope_lightning.analysis.markdown import MISSING, Footnotes, cell, markdown_table
 from nope_lightning.analysis.rule_changes import exploratory_note
+from nope_lightning.analysis.synthetic.calibration import calibration_lines
 from nope_lightning.analysis.synthetic.cells import NONE, CellIndex, exact_match
 from nope_lightning.analysis.synthetic.chance import chance
 from nope_lightning.analysis.synthetic.claims import (
@@ -23,7 +24,15 @@ from nope_lightning.analysis.synthetic.claims import (
     paper_way_mrr,
     ranked,
 )
-from nope_lightning.analysis.verdicts import NO_SEED_VERDICT, NotMeasured
+from nope_lightning.analysis.synthetic.formats import WORDS
+from nope_lightning.analysis.synthetic.robustness import (
+    CLAIM_RESAMPLES,
+    leave_one_out_text,
+    new_seeds,
+    rule_day,
+    spread_cell,
+)
+from nope_lightning.analysis.verdicts import NotMeasured
 from nope_lightning.config.paper import SYNTHETIC_MRR
 from nope_lightning.config.synthetic import PAPER_NAMES
 from nope_lightning.results.synthetic import SyntheticCell
@@ -38,9 +47,16 @@ def exact_match_table(cells: Iterable[SyntheticCell], resamples: int = 1000) -> 
                               *(k[2] for k in index.cells)]))
     parts = ["### Exact match per task and PE\n\n*chance*: the exact match of a uniform guess among the task's "
              "answers (1/k for k symbols: parity's even/odd, LEGO's +1/-1: 0.50; 0 for answers that are sequences)."]
-    for split, title in (("id", "In distribution (validation lengths)"), ("ood", "Out of distribution (test)")):
+    held_out = any(c.id_test_acc is not None for c in cells)  # then the ID entries say which split they read
+    id_title = ("In distribution (training lengths: the held-out ID test split where a cell has one, marked *t*, "
+                "else the validation split)" if held_out else "In distribution (validation lengths)")
+
+    def entry(c: SyntheticCell, split: str) -> str:
+        return cell(exact_match(c, split)) + (" *t*" if split == "id" and c.id_test_buckets else "")
+
+    for split, title in (("id", id_title), ("ood", "Out of distribution (test)")):
         rows = [[task + ("" if pad == NONE else f" ({pad})"), seed, f"{chance(task):.2f}", *(
-            cell(exact_match(c, split)) if (c := index.cells.get((task, pad, pe, seed))) else MISSING for pe in pes)]
+            entry(c, split) if (c := index.cells.get((task, pad, pe, seed))) else MISSING for pe in pes)]
             for task, pad in dict.fromkeys((task, pad) for task, pad, _, _ in index.cells)
             for seed in index.seeds(pad, [task])]
         parts.append(f"#### {title}: exact match [95 % Wilson]\n\n"
@@ -86,47 +102,59 @@ def mrr_table(cells: Sequence[SyntheticCell], resamples: int = 1000) -> str:
             + markdown_table([*head, *(["paper 002 (its 17 tasks)"] if comparable else [])], rows))
 
 
-_TASK_WORDS = {"reproduced": "helps", "not reproduced": "does not help", "inconclusive": "unclear",
-               NO_SEED_VERDICT: "1 seed"}
-
-
 def claims_table(outcomes: Sequence[SyntheticOutcome], seed_dates: Mapping[int | None, str] | None = None) -> str:
     """``report_sections.claims_table``'s layout for paper 002: each claim's rule, what the paper says, our effect with its
     95 % interval across seeds (and each seed's effect), the prediction interval for one new seed, the
-    evaluation-only paired bootstrap, the tasks compared (and those left out), the seeds on the claim's side (for
-    the scratchpad claim: the tasks it helps, does not, or leaves unclear) and the verdict, *exploratory* when its
-    rule was set after every seed it judges ran (``seed_dates``: seed -> the day its first run started). Why a task was
-    left out or compared below the floor is a footnote marked beside the task, printed once below it."""
-    show, rows, notes = "{:+.3f}".format, [], Footnotes()  # the floor notes repeat claim after claim
+    evaluation-only paired bootstrap (each bootstrap bound with its Monte Carlo standard error,
+    ``robustness.quantile_se``), the tasks compared (and those left out), the seeds on the claim's side (for
+    the scratchpad claims: the tasks it helps, does not, or leaves unclear), the claim judged on the new seeds alone
+    (those run after its rule: ``robustness.new_seeds``), the effect left one task out at a time, and the verdict
+    (last: ``results.studies`` counts it there), *exploratory* when its rule was set after every seed it judges ran
+    (``seed_dates``: seed -> the day its first run started); and below the table the same tests on the reference's published results
+    (``calibration``). A pre-registered claim (``SyntheticClaim.awaits``) is judged on new seeds only. Why a task
+    was left out or compared below the floor is a footnote marked beside the task, printed once below it."""
+    show, rows, notes, dates = "{:+.3f}".format, [], Footnotes(), seed_dates or {}  # floor notes repeat
     for o in outcomes:
         c, below = o.claim, dict(o.below)
-        found = f"**{o.verdict}**" + (f": {note}" if (note := exploratory_note(o, seed_dates or {})) else "")
+        new = new_seeds(c, o.seeds or [s for s in dates if s is not None], dates)
+        fresh = _on_new_seeds(o, new)
+        if c.awaits:
+            found = (f"**{fresh.verdict}** (new seeds {_seeds(new)} only)" if fresh else
+                     f"**awaiting new seeds ({_seeds(c.awaits)})**: pre-registered on {rule_day(c)}; the seeds run "
+                     "before it do not judge it")
+        else:
+            found = f"**{o.verdict}**" + (f": {note}" if (note := exploratory_note(o, dates)) else "")
         compared = ", ".join(t + (f" {notes.mark(f'compared below the floor on {t}: {below[t]}')}"
                                   if t in below else "") for t in o.tasks) or "none"
         left = ", ".join(f"{t} {notes.mark(f'left out {t}: {why}')}" for t, why in o.left_out)
         tasks = compared + (f"; left out {left}" if left else "") if o.tasks or o.left_out else MISSING
         rests = f"{len(o.tasks)} task{'s' * (len(o.tasks) != 1)}, {o.queries} queries" if o.tasks or o.left_out \
             else MISSING
+        judged = [_new_seeds_cell(o, new, fresh, show), leave_one_out_text(o.loto, o.verdict, show)]
         if o.by_task:
-            words = [_TASK_WORDS[e.verdict] for e in o.by_task]
+            words = [WORDS[c.test][e.verdict] for e in o.by_task]
             rows.append([c.text, c.rule, c.paper, "; ".join(f"{e.tasks[0]} {cell(e.across, show)} ({w})" for e, w in
                                                             zip(o.by_task, words, strict=True)) + f" {c.unit}",
-                         MISSING, "; ".join(f"{e.tasks[0]} {cell(e.interval, show)}" for e in o.by_task), rests,
-                         tasks, ", ".join(f"{words.count(w)} {w}" for w in dict.fromkeys(words)), found])
+                         MISSING, "; ".join(f"{e.tasks[0]} {spread_cell(e.interval, show)}" for e in o.by_task),
+                         rests, tasks, ", ".join(f"{words.count(w)} {w}" for w in dict.fromkeys(words)), *judged,
+                         found])
         elif o.interval is None:
             rows.append([c.text, c.rule, c.paper, f"{o.verdict}: {o.reason}", MISSING, MISSING, rests, tasks, MISSING,
-                         found])
+                         *judged, found])
         else:
             seeds = len(o.interval.per_seed)
-            ours = f"{cell(o.across, show)} {c.unit}" + (
+            ours = f"{spread_cell(o.across, show)} {c.unit}" + (
                 f" (per seed: {' / '.join(map(show, o.interval.per_seed))})" if seeds > 1 else " (1 seed)")
-            evaluation = cell(o.interval, show) if o.interval.resamples else "none (no per-example results)"
+            evaluation = spread_cell(o.interval, show) if o.interval.resamples else "none (no per-example results)"
             rows.append([c.text, c.rule, c.paper, ours, cell(o.prediction, show) if seeds > 1 else MISSING,
-                         evaluation, rests, tasks, f"{o.on_side} of {seeds}", found])
+                         evaluation, rests, tasks, f"{o.on_side} of {seeds}", *judged, found])
+    calibrated = calibration_lines([o.claim for o in outcomes], show)
     return ("### Paper 002's claims, tested\n\nOOD exact match, paired: a (task, seed)'s cells share their test "
             "examples. *ours*: the effect [95 % across seeds: MRR claims a bootstrap over tasks and seeds, the others "
             "Student t over the per-seed effects]; *evaluation only*: a bootstrap over the test examples, models held "
-            f"fixed. A task is compared (is *learned*) when at least {LEARNED_BY} of the {len(RANKED)} PEs reach ID "
+            f"fixed. Every bootstrap draws at least {CLAIM_RESAMPLES:,} resamples, and each of its bounds carries its "
+            "Monte Carlo standard error (±, the binomial order-statistic estimate from the same resamples). "
+            f"A task is compared (is *learned*) when at least {LEARNED_BY} of the {len(RANKED)} PEs reach ID "
             f"exact match >= {ID_FLOOR:g}, mean over seeds; a PE below it there is compared on what it measured and "
             "named (the scratchpad claim: every PE run in both formats reaches it in the full-scratchpad format). "
             "Verdicts as paper 001's, from the interval across "
@@ -135,8 +163,42 @@ def claims_table(outcomes: Sequence[SyntheticOutcome], seed_dates: Mapping[int |
             "points to the note below the table on why it was left out or compared below the floor. An OOD exact match at "
             f"or below its task's chance + {EM_EFFECT:g} counts as chance for every PE (the tables' *chance* column). "
             "*exploratory*: the claim's rule was set after every seed it judges ran (*Rules changed*, above); new "
-            "seeds must judge it.\n\n"
+            "seeds must judge it. *new seeds only*: the claim judged again on the seeds whose first run came after its "
+            "rule's last change (a seed run on that day is not new). *leave one task out*: the effect recomputed "
+            "without each task in turn, min..max, and the tasks whose removal changes the verdict.\n\n"
             + markdown_table(["claim", "rule", "the paper says", "ours: effect [95 % across seeds]",
                               "one new seed [95 % prediction]", "evaluation only [95 % paired bootstrap]", "rests on",
-                              "tasks", "seeds on the claim's side", "verdict"], rows)
-            + (f"\n\n{notes.render()}" if notes.notes else ""))
+                              "tasks", "seeds on the claim's side", "new seeds only", "leave one task out",
+                              "verdict"], rows)
+            + (f"\n\n{notes.render()}" if notes.notes else "")
+            + (f"\n\n{calibrated}" if calibrated else ""))
+
+
+def _seeds(seeds: Sequence[int | None]) -> str:
+    return ", ".join(map(str, seeds))
+
+
+def _on_new_seeds(o: SyntheticOutcome, new: list[int | None] | None) -> SyntheticOutcome | None:
+    """The claim's outcome on its ``new`` seeds alone: ``o`` itself when they are all the seeds it judges, None
+    without new seeds or without a way to judge it again (``SyntheticOutcome.rejudge``)."""
+    if not new:
+        return None
+    if set(new) == set(o.seeds):
+        return o
+    return o.rejudge(new) if o.rejudge else None
+
+
+def _new_seeds_cell(o: SyntheticOutcome, new: list[int | None] | None, fresh: SyntheticOutcome | None,
+                    show) -> str:
+    """The claim judged on its new seeds: their verdict and effect; as pooled when every seed it judges is new."""
+    if new is None:
+        return "— the seeds' run days are unknown"
+    if not new:
+        return f"— no seed ran after the rule ({rule_day(o.claim)})"
+    if fresh is o:
+        return f"as pooled: all {len(new)} seeds ran after the rule"
+    if fresh is None:
+        return f"— not judged again (seeds {_seeds(new)} ran after the rule)"
+    effect = ("" if fresh.by_task or fresh.across is None
+              else f": {cell(fresh.across, show)}")
+    return f"**{fresh.verdict}** on seeds {_seeds(new)}{effect}"
