@@ -210,13 +210,10 @@ def pipeline_settings(cfg: ReportConfig, configs: list[Path | None]) -> tuple[li
 def seed_days(configs: list[Path | None], run_ids: list[str], dates: Mapping[str, str]) -> dict[int | None, str]:
     """Seed -> the day (ISO, UTC) its pipeline run started, from each pipeline's logged experiment file
     (``configs``, in the order of ``run_ids``); a seed two runs share gets the earlier day; a file without seeds
-    runs seed None."""
+    runs seed None. The earliest of the seed's rows' days (``row_days``), so each file is read once."""
     days: dict[int | None, str] = {}
-    for path, run_id in zip(configs, run_ids, strict=False):
-        if path is None or run_id not in dates:
-            continue
-        for seed in load_config(PipelineConfig, path).seeds or [None]:
-            days[seed] = min(days.get(seed, dates[run_id]), dates[run_id])
+    for (_, seed), day in row_days(configs, run_ids, dates).items():
+        days[seed] = min(days.get(seed, day), day)
     return days
 
 
