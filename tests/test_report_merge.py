@@ -93,6 +93,48 @@ def test_a_step_measured_again_with_other_results_still_stops_the_report(tmp_pat
                                 also=[ReportSource(results=str(committed)), ReportSource(results=str(extra))]))
 
 
+def test_a_source_read_for_named_steps_only_joins_a_study_that_re_trained_a_seed(tmp_path):
+    """The later file re-trained seed 1 (its search found 1.4, not the committed 1.2): read for its new step only,
+    it joins the committed bundle, whose search stays; a step it never ran is refused by name."""
+    committed, extra = study(tmp_path, SEARCH, again=1.4)
+    out = tmp_path / "report"
+    report.run(ReportConfig(out_dir=str(out), bootstrap=100, also=[
+        ReportSource(results=str(committed)), ReportSource(results=str(extra), steps=["eval_nope_15"])]))
+    kept = Bundle.read(out / "results")
+    assert sorted((p.key.method, p.key.seed) for p in kept.results) == [
+        ("nope", 1), ("nope", 2), ("nope lambda=1.5", 1), ("search_nope", 1), ("search_nope", 2)]
+    assert [p.result.best[256] for p in kept.results if p.key.stage == "scale-search"] == [1.2, 1.2]
+    text = (out / "report.md").read_text()
+    assert "read twice" not in text
+    assert f"From the results bundle {extra}, only the steps `eval_nope_15`." in text
+    with pytest.raises(ValueError, match=r"holds no result of step\(s\) eval_nope_18: name the step ids"):
+        report.run(ReportConfig(out_dir=str(tmp_path / "r"), bootstrap=100, also=[
+            ReportSource(results=str(committed)), ReportSource(results=str(extra), steps=["eval_nope_18"])]))
+
+
+def test_claims_from_judges_the_claims_a_study_file_lists_now_not_those_its_runs_logged(tmp_path):
+    """The committed runs logged a file without claims; the study file lists one since: ``claims_from`` judges it
+    (on the committed seeds: no verdict below 5), says so in the provenance, and refuses a path that is not
+    there or a list given beside it."""
+    committed, extra = study(tmp_path, SEARCH)
+    declaring = tmp_path / "toy.yaml"
+    declaring.write_text(to_yaml(PipelineConfig(name="toy", seeds=[1, 2], claims=["nope_breaks_past_L"],
+                                                steps=[PRETRAIN, SEARCH, EVAL])))
+    sources = [ReportSource(results=str(committed)), ReportSource(results=str(extra))]
+    plain, judged = tmp_path / "plain", tmp_path / "judged"
+    report.run(ReportConfig(out_dir=str(plain), bootstrap=100, also=sources))
+    report.run(ReportConfig(out_dir=str(judged), bootstrap=100, also=sources, claims_from=str(declaring)))
+    claim = CLAIMS_BY_ID["nope_breaks_past_L"].text
+    assert claim not in (plain / "report.md").read_text()
+    text = (judged / "report.md").read_text()
+    assert claim in text
+    assert f"The claims judged are those `{declaring}` lists (as read when this report was made)" in text
+    with pytest.raises(ValueError, match="claims_from=nowhere.yaml: no such experiment file"):
+        ReportConfig(out_dir=str(plain), also=sources, claims_from="nowhere.yaml")
+    with pytest.raises(ValueError, match="give claims= or claims_from=, not both"):
+        ReportConfig(out_dir=str(plain), also=sources, claims=[], claims_from=str(declaring))
+
+
 def test_a_claim_s_seed_is_dated_by_the_rows_it_reads(tmp_path):
     """Seeds 1 and 2 ran on 2026-11-26; a file run on 2026-11-29 added ``headscale past 4x`` to seed 1. The
     seed's first run dates seed 1 before a rule of 2026-11-28; the rows a claim reads date it by them."""

@@ -97,7 +97,7 @@ def test_grids_of_different_tasks_at_one_place_are_two_results_the_same_grid_twi
 
     def source(label, *grids):
         key = RunKey("grid", 0, (), "synthetic-grid", "grid")
-        return SimpleNamespace(label=label, items=lambda: iter([Item(key, "g", label, g) for g in grids]))
+        return SimpleNamespace(label=label, steps=frozenset(), items=lambda: iter([Item(key, "g", label, g) for g in grids]))
 
     parity, copy = grid(("parity", "none")), grid(("copy_repeat", "none"))
     found = gather([source("file a", parity), source("file b", copy)], tmp_path, [])

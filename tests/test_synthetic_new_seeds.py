@@ -98,6 +98,12 @@ def test_new_seeds_are_those_run_after_the_rule_on_a_later_day():
     claim = CLAIM["nope_outperforms_explicit_pes"]  # last changed 2026-11-28
     assert new_seeds(claim, range(6), DATES) == [3, 4, 5]
     assert new_seeds(claim, [0, 1], {0: OLD, 1: "2026-11-28"}) == []  # the rule's own day does not order them
+    # Seeds read before a rule was changed are not new when the race runs them again after the change; to a rule
+    # fixed before any run, every seed run after it is.
+    later = dict.fromkeys(range(6), "2026-11-29")
+    assert new_seeds(claim, range(6), later) == [3, 4, 5]
+    unchanged = replace(claim, changes=())
+    assert new_seeds(unchanged, range(6), later) == list(range(6))
     assert new_seeds(claim, [0], {}) is None
     assert new_seeds(CLAIM["scratchpad_helps_some_tasks"], range(6), DATES) == [3, 4, 5]
 

@@ -78,6 +78,7 @@ class StoreSource:
 
     store: TrackingConfig
     run: str
+    steps: frozenset[str] = frozenset()  # read only these step ids' results (empty: all)
 
     @property
     def label(self) -> str:
@@ -120,6 +121,7 @@ class BundleSource:
     """A results bundle a report wrote (``<out_dir>/results``), e.g. committed under ``experiments/<study>/results/results``."""
 
     folder: Path
+    steps: frozenset[str] = frozenset()  # read only these step ids' results (empty: all)
     bundle: Bundle = field(init=False)
 
     def __post_init__(self) -> None:
@@ -190,18 +192,30 @@ class Methods:
 
 
 def open_sources(cfg: ReportConfig) -> list[StoreSource | BundleSource]:
-    """``cfg.run`` (when given) and every ``also`` entry, in order."""
-    return [BundleSource(Path(s)) if isinstance(s, Path) else StoreSource(*s) for s in cfg.sources]
+    """``cfg.run`` (when given) and every ``also`` entry, in order, each with its ``steps`` filter."""
+    return [BundleSource(s, steps) if isinstance(s, Path) else StoreSource(*s, steps)
+            for s, steps in zip(cfg.sources, cfg.step_filters, strict=True)]
+
+
+def reading_line(cfg: ReportConfig, sources: list[StoreSource | BundleSource]) -> str:
+    """What the report chose to read, for its provenance: the experiment file whose claims it judged
+    (``claims_from``) and the sources read for named steps only ('' when neither)."""
+    said = [f"The claims judged are those `{cfg.claims_from}` lists (as read when this report was made), with "
+            "every source file's own."] if cfg.claims_from else []
+    said += [f"From the {s.label}, only the steps {', '.join(f'`{step}`' for step in sorted(s.steps))}."
+             for s in sources if s.steps]
+    return " ".join(said)
 
 
 def pipeline_settings(cfg: ReportConfig, configs: list[Path | None]) -> tuple[list[str], dict[str, str], int,
                                                                           list[str], Methods]:
     """``(claims, sweep, bootstrap, matrix keys, methods)``: this config's, else the first pipeline's logged
-    config's (``configs``: every source's experiment files, in order); what the files say of their methods
-    always comes from all of them."""
+    config's (``configs``: every source's experiment files, in order; the claims: ``cfg.claims_from``'s, when
+    given); what the files say of their methods always comes from all of them."""
     logged = [load_config(PipelineConfig, path) if path else None for path in configs]
     first = logged[0]
-    claim_ids = cfg.claims if cfg.claims is not None else (first.claims if first else [])
+    declaring = load_config(PipelineConfig, cfg.claims_from) if cfg.claims_from else first
+    claim_ids = cfg.claims if cfg.claims is not None else (declaring.claims if declaring else [])
     axes = cfg.sweep if cfg.sweep is not None else (first.sweep if first else {})
     resamples = cfg.bootstrap or (first.bootstrap if first else 1000)
     return claim_ids, axes, resamples, list(first.matrix) if first else [], Methods.of(*logged)
@@ -251,15 +265,20 @@ class Gathered:
 
 
 def gather(sources: list, out: Path, matrix_keys: list[str]) -> Gathered:
-    """Every source's runs, placed. A (stage, point, method, seed) that two sources both hold is a
+    """Every source's runs, placed (a source's ``steps``, when given, keeps only those steps' runs; one it names
+    that the source never ran is a ``ValueError``). A (stage, point, method, seed) that two sources both hold is a
     ``ValueError`` (``ResultIndex.add``): which one the report shows must not depend on the order of ``also``;
     unless both hold the same result (``result_digest``: a run and the bundle written from it), kept once and
     counted (``ResultIndex.remeasured``)."""
     found = Gathered()
     first_seed, identities = None, set()
     for source in sources:
+        kept = set()
         for item in source.items():
             key = item.key
+            if source.steps and key.step not in source.steps:
+                continue
+            kept.add(key.step)
             first_seed = key.seed if first_seed is None else first_seed
             values = dict(key.point)
             # A grid keeps its whole point: grids are pooled over points, and the first file's matrix keys need
@@ -281,6 +300,9 @@ def gather(sources: list, out: Path, matrix_keys: list[str]) -> Gathered:
                 found.recipes.append(item.recipe)
             if key.seed == first_seed:  # their own figures (Fig 5, synthetic accuracy) from the first replicate
                 found.files += item.copy(out)
+        if missing := sorted(source.steps - kept):
+            raise ValueError(f"also: {source.label} holds no result of step(s) {', '.join(missing)}: name the step "
+                             "ids of its experiment file that ran (its `steps:` ids), or drop steps= to read it all")
     found.first_seed = first_seed
     return found
 

@@ -223,11 +223,14 @@ class ReportSource:
     """Another source a report reads beside its own: a pipeline run ``run`` (its MLflow run id) in the store
     ``uri`` (empty: the report's own store), or ``results``, the results bundle an earlier report wrote
     (``<out_dir>/results``, e.g. committed under ``experiments/<study>/results/results``) — a study split into
-    files, or one seed per file, run on several machines or days."""
+    files, or one seed per file, run on several machines or days. ``steps``: read only the results of these step
+    ids from it (empty: all), for a file that re-ran steps another source already holds (a seed re-trained on
+    another machine, equal up to the last digits) beside the new rows that report needs."""
 
     run: str = ""
     uri: str = ""
     results: str = ""
+    steps: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if bool(self.run) == bool(self.results):
@@ -243,7 +246,9 @@ class ReportConfig:
     written under ``out_dir`` (default ``mlruns/reports/<run id>``) with the results they read
     (``<out_dir>/results``, a bundle to commit with the report) and logged to MLflow. The claims tested
     (``claims``), the sweep section (``sweep``) and the bootstrap resamples (``bootstrap``) are the pipeline's
-    own (its logged ``config.yaml``) unless given here (unset: ``None`` / ``0``). ``also``: further sources
+    own (its logged ``config.yaml``) unless given here (unset: ``None`` / ``0``); ``claims_from``: an experiment
+    file whose ``claims`` the report judges as that file lists them now (a study's claims declared after its
+    committed runs logged their files), with every source file's claims beside them. ``also``: further sources
     reported together with ``run`` (``"also=[{run: <id>}, {run: <id>, uri: 'sqlite:///other/mlflow.db'},
     {results: experiments/hybrids/results/results}]"``): their runs join ``run``'s, placed by their own tags (a
     seed or a method that two sources both hold is an error, not a silent choice); the report is logged to
@@ -253,6 +258,7 @@ class ReportConfig:
     run: str = ""
     out_dir: str = ""
     claims: list[str] | None = None
+    claims_from: str = ""
     sweep: dict[str, str] | None = None
     bootstrap: int = 0
     also: list[ReportSource] = field(default_factory=list)
@@ -264,6 +270,12 @@ class ReportConfig:
                              "with out_dir=, to report committed results)")
         if not self.run and not self.out_dir:
             raise ValueError("a report without run= is logged nowhere: give out_dir=<folder> to write it into")
+        if self.claims_from and self.claims is not None:
+            raise ValueError("give claims= or claims_from=, not both: claims_from reads the claims an experiment "
+                             "file lists")
+        if self.claims_from and not Path(self.claims_from).is_file():
+            raise ValueError(f"claims_from={self.claims_from}: no such experiment file (a path such as "
+                             "experiments/regime_study/regime_study.yaml)")
         for claim_id in self.claims or ():
             if claim_id not in CLAIMS_BY_ID:
                 raise ValueError(f"unknown claim {claim_id!r}; claims: {', '.join(CLAIMS_BY_ID)}")
@@ -273,8 +285,13 @@ class ReportConfig:
     @property
     def sources(self) -> list[tuple[TrackingConfig, str] | Path]:
         """``(store, pipeline run id)`` of ``run`` and of every ``also`` run, a ``Path`` for every ``also``
-        results bundle; ``run`` first."""
+        results bundle; ``run`` first (``step_filters`` gives each one's ``steps``, in the same order)."""
         runs = [(self.tracking, self.run)] if self.run else []
         return [*runs, *(Path(s.results) if s.results else
                          (dataclasses.replace(self.tracking, uri=s.uri) if s.uri else self.tracking, s.run)
                          for s in self.also)]
+
+    @property
+    def step_filters(self) -> list[frozenset[str]]:
+        """Each source's ``steps`` (empty: every step), in the order of ``sources``."""
+        return [frozenset(), *(frozenset(s.steps) for s in self.also)][0 if self.run else 1:]

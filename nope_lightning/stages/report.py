@@ -166,7 +166,8 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     pipelines = [(name, run_id) for name, run_id, _ in read]
     text = "\n\n".join(s for s in [report_frame.heading(pipelines), *sections,
                                      report_frame.plots_section(sorted(captions), captions),
-                                     report_frame.provenance_section(read, dates), index.remeasured_line()] if s) + "\n"
+                                     report_frame.provenance_section(read, dates), index.remeasured_line(),
+                                     report_sources.reading_line(cfg, sources)] if s) + "\n"
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(markdown.html_page(text, out,
                                                         f"Report: {report_frame.study_name(pipelines)}"))

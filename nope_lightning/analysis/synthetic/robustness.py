@@ -112,11 +112,19 @@ def rule_day(claim: Claim) -> str:
     return max((change.date for change in claim.changes), default="")
 
 
+#: The seeds whose cells were read before paper 002's rules were changed (the first study's 0, 1 and 2): never *new*
+#: to a rule changed since, whatever day they run. A rerun of one under a later recipe (the race) draws the same data
+#: and initialisation streams the change was shaped on, so only a seed nobody has seen judges it afresh. A rule
+#: fixed before any run (no dated change) saw none of them.
+SEEN_SEEDS = (0, 1, 2)
+
+
 def new_seeds(claim: Claim, seeds: Sequence[int | None], seed_dates: Mapping[int | None, str]) -> list[int | None] | None:
-    """Those of ``seeds`` that ran after the claim's rule took its present form (strictly after its day); None when
-    none of them has a known day."""
+    """Those of ``seeds`` that ran after the claim's rule took its present form (strictly after its day), less
+    ``SEEN_SEEDS`` when that rule was changed after a run; None when none of them has a known day."""
     known = [s for s in seeds if s in seed_dates]
     if not known:
         return None
     fixed = rule_day(claim)
-    return [s for s in known if seed_dates[s] > fixed]
+    seen = SEEN_SEEDS if fixed else ()
+    return [s for s in known if seed_dates[s] > fixed and s not in seen]

@@ -27,6 +27,7 @@ from nope_lightning.analysis.synthetic.claims import (
 from nope_lightning.analysis.synthetic.formats import WORDS
 from nope_lightning.analysis.synthetic.robustness import (
     CLAIM_RESAMPLES,
+    SEEN_SEEDS,
     leave_one_out_text,
     new_seeds,
     rule_day,
@@ -164,7 +165,8 @@ def claims_table(outcomes: Sequence[SyntheticOutcome], seed_dates: Mapping[int |
             f"or below its task's chance + {EM_EFFECT:g} counts as chance for every PE (the tables' *chance* column). "
             "*exploratory*: the claim's rule was set after every seed it judges ran (*Rules changed*, above); new "
             "seeds must judge it. *new seeds only*: the claim judged again on the seeds whose first run came after its "
-            "rule's last change (a seed run on that day is not new). *leave one task out*: the effect recomputed "
+            f"rule's last change (a seed run on that day is not new, nor, for a rule changed after a run, are seeds "
+            f"{_seeds(SEEN_SEEDS)}, read before the change, in any recipe). *leave one task out*: the effect recomputed "
             "without each task in turn, min..max, and the tasks whose removal changes the verdict.\n\n"
             + markdown_table(["claim", "rule", "the paper says", "ours: effect [95 % across seeds]",
                               "one new seed [95 % prediction]", "evaluation only [95 % paired bootstrap]", "rests on",
