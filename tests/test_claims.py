@@ -207,6 +207,35 @@ def test_retrieval_claims_need_retrieval_in_distribution():
     assert untestable.verdict == "untestable" and "rope retrieves 0.30 < 0.5" in untestable.reason
 
 
+def passkey_by_position(share: dict[int, float]) -> EvaluationResult:
+    """An evaluation with 100 prompts of each length in ``share`` (tokens, 6-token answers) right that share of the
+    time, and NoPE-like perplexity at 1x."""
+    samples = [[n, 0.0, str(10000 + i), i < round(100 * a)] for n, a in share.items() for i in range(100)]
+    return dataclasses.replace(evaluation({1: base_nll(1)}), passkey=EvaluationResult.from_dict({
+        "corpora": ["kjv"], "train_len": L, "passkey": {"samples": samples, "key_tokens": [6] * len(samples),
+                                                        "by_length": {str(n): a for n, a in share.items()}}}).passkey)
+
+
+def test_fig6_reads_both_models_retrieval_on_the_prompts_answered_inside_L():
+    """An L-token prompt decodes its answer past L: RoPE that retrieves inside L (122 tokens + 6) but not at L
+    passes the precondition under the rule of 2026-11-29; without prompts answered inside L it reads L-token ones."""
+    claim = CLAIMS_BY_ID["nope_retrieves_past_L"]
+    assert claim.changes[-1].date == "2026-11-29" and claim.changes[-1].seen
+    runs = {"nope": {s: passkey_by_position({L - 6: 1.0, L: 0.95, 2 * L: 0.6 + 0.01 * s}) for s in SEEDS},
+            "rope": {s: passkey_by_position({L - 6: 0.98, L: 0.3, 2 * L: 0.1}) for s in SEEDS}}
+    outcome = evaluate_claim(claim, runs, RESAMPLES)
+    assert outcome.verdict == "reproduced"
+    assert outcome.interval.per_seed == pytest.approx([0.5 + 0.01 * s for s in SEEDS])
+    runs["rope"] = {s: passkey_by_position({L - 6: 0.4, L: 0.3, 2 * L: 0.1}) for s in SEEDS}
+    failed = evaluate_claim(claim, runs, RESAMPLES)
+    assert failed.verdict == "untestable"
+    assert "rope retrieves 0.40 < 0.5 of its passkeys answered inside L (0.40 / 0.40" in failed.reason
+    runs["rope"] = {s: passkey_by_position({L: 0.3, 2 * L: 0.1}) for s in SEEDS}  # no prompt inside L: L-token ones
+    assert "rope retrieves 0.30 < 0.5 of its passkeys at 1x L" in evaluate_claim(claim, runs, RESAMPLES).reason
+    with pytest.raises(ValueError, match="only passkey_at_least at 1x"):
+        Precondition("passkey_at_least", ("rope",), 0.5, 2, inside_L=True)
+
+
 def test_an_ablation_that_converged_to_the_full_table_is_no_effect_here():
     claim = CLAIMS_BY_ID["no_init_loses_retrieval"]
     table = [[1.2, 1.3], [1.1, 1.0]]

@@ -13,6 +13,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from nope_lightning.analysis.lengthgen.baselines import baseline_sections, baselines_table
+from nope_lightning.analysis.lengthgen.plots import FIXED_SLOTS, FREE, method_style, plt, seed_lines
 from nope_lightning.analysis.lengthgen.study_claims import study_claims
 from nope_lightning.analysis.lengthgen.tables import TABLE2_BY_CORPUS, ppl_tables
 from nope_lightning.analysis.sources import Methods
@@ -101,6 +102,14 @@ def test_the_baselines_table_is_each_row_over_its_own_seeds_beside_the_paper():
     assert "Baselines: `rope`, `pi fair 2x`, mean over seeds 2, 3 (`pi fair 2x`: seed 2 only)" in table
     lines = [line for line in table.splitlines() if line.startswith("|")]
     assert len({line.replace("\\|", "").count("|") for line in lines}) == 1  # well-formed
+
+
+def test_a_nope_row_on_the_second_corpus_only_stays_out_of_the_baselines_table():
+    math_rows = {"table2": {**METHODS.rows["table2"], "nope on math": "nope"}}
+    methods = Methods(reference="nope", rows=math_rows, nope_family=frozenset({"nope", "nope on math"}))
+    evals = {**runs(), "nope on math": {s: evaluation("nope on math", s, corpus="math") for s in NOPE_SEEDS}}
+    table = baselines_table(evals, methods)
+    assert "| nope |" in table and "nope on math" not in table
 
 
 def test_a_nope_only_study_gets_no_baselines_section_nor_figure():
@@ -208,3 +217,27 @@ def test_companion_files_beside_a_seed_sliced_study_keep_its_name():
     assert study_name([*slices, ("regime_rope_s1234", "c"), ("regime_rope_s2345", "d")]) == "regime_study"
     assert study_name([("regime_study_s5678", "a")]) == "regime_study_s5678"  # one slice alone: its own name
     assert study_name([("synthetic_copy", "a"), ("synthetic_scan", "b")]) == "synthetic"
+
+
+def test_fig_6_draws_prompt_lengths_evenly_spaced_so_lengths_just_inside_and_at_L_stay_apart():
+    lines = {"nope": ([([122, 128, 256], [1.0, 0.9, 0.2]), ([122, 128, 256, 512], [1.0, 1.0, 0.3, 0.0])],
+                      ([122, 128, 256], [1.0, 0.95, 0.25]))}
+    fig = seed_lines({"left": lines, "right": {"rope": ([([128, 512], [0.3, 0.1])], ([128, 512], [0.3, 0.1]))}},
+                     "prompt length", "accuracy", vline=128, ranked_x=True)
+    left, right = fig.axes[:2]
+    assert [t.get_text() for t in left.get_xticklabels()] == ["122", "128", "256", "512"]
+    assert list(left.get_xticks()) == [0, 1, 2, 3]
+    seed_line, _, mean_line, dashed = left.lines
+    assert list(seed_line.get_xdata()) == [0, 1, 2] and list(mean_line.get_xdata()) == [0, 1, 2]
+    assert list(right.lines[0].get_xdata()) == [1, 3]  # ranks among every panel's lengths
+    assert list(dashed.get_xdata()) == [1, 1]  # L = 128 at its own rank
+    plt.close(fig)
+
+
+def test_methods_past_the_free_colours_take_the_lighter_shade_so_no_two_share_a_colour_until_three_cycles():
+    labels = [f"fig 6 method {i}" for i in range(2 * len(FREE))]  # Fig 6 draws 10 beside nope, rope and alibi
+    colours = [tuple(method_style(label)["color"]) for label in [*labels, *FIXED_SLOTS]]
+    assert len(set(colours)) == len(colours)
+    first, again = method_style(labels[0]), method_style(labels[len(FREE)])
+    # one hue, another cycle: another line style and marker (slots are numbered per process, so not from 0 here)
+    assert first["linestyle"] != again["linestyle"] and first["marker"] != again["marker"]

@@ -38,14 +38,16 @@ def compared(evals: Runs, methods: Methods) -> tuple[list[str], list[str]]:
 def baselines_table(evals: Runs, methods: Methods) -> str:
     """Table 2 analog over the baselines and the NoPE rows beside them (``compared``) on the primary corpus: per row
     its seed count and its PPL at each length (mean log-PPL over the row's own seeds shown as PPL, [95 % t interval
-    across them]; one seed: its run's bootstrap interval), and the paper's row where the file names one. '' without
-    baselines or NoPE rows."""
+    across them]; one seed: its run's bootstrap interval), and the paper's row where the file names one; a NoPE row
+    evaluated on other corpora only (Table 2's second column) is left to that corpus's table. '' without baselines
+    or NoPE rows."""
     baselines, nope = compared(evals, methods)
     if not baselines:
         return ""
-    runs = {m: evals[m] for m in [*baselines, *nope]}
-    first = next(iter(runs[baselines[0]].values()))
+    first = next(iter(evals[baselines[0]].values()))
     corpus = first.corpora[0]
+    nope = [m for m in nope if any(corpus in (r.ppl or {}) for r in evals[m].values())]
+    runs = {m: evals[m] for m in [*baselines, *nope]}
     lengths = sorted({n for by_seed in runs.values() for r in by_seed.values() for n in (r.ppl or {}).get(corpus, {})})
     header, rows = tables.ppl_rows(runs, corpus, lengths, methods.paper_rows("table2"), seeds=True)
     return (f"### Baselines beside NoPE (Table 2 analog on `{corpus}`, {first.split} split, stride {first.stride}; "
@@ -117,9 +119,10 @@ def passkey_figure(evals: Runs, methods: Methods) -> Plot | None:
         return None
     train_len = next(iter(evals[baselines[0]].values())).train_len
     return Plot(plots.seed_lines(panels, "prompt length (tokens)", "passkey accuracy",
-                                 "Passkey accuracy by prompt length (Fig 6)", vline=train_len, logx=True),
+                                 "Passkey accuracy by prompt length (Fig 6)", vline=train_len, ranked_x=True),
                 f"Fig 6 as curves: passkey accuracy against prompt length of {', '.join(f'`{m}`' for m in drawn)}; "
-                f"thin: one seed each; thick: {over_seeds(drawn)}; dashed: the training length {train_len}.")
+                f"thin: one seed each; thick: {over_seeds(drawn)}; the lengths evenly spaced; dashed: the training "
+                f"length {train_len}.")
 
 
 def baseline_sections(evals: Runs, searches: Mapping[str, Mapping[int | None, ScaleSearchResult]],

@@ -33,6 +33,7 @@ import numpy as np
 from nope_lightning.analysis.lengthgen.claim_tests import (
     TESTS,
     Evidence,
+    Result,
     Runs,
     common_seeds,
     logppl_inflection,
@@ -137,17 +138,21 @@ def summarise(evidence: Evidence, resamples: int, seed: int = 0) -> tuple[Interv
 
 def _passkey_problem(condition: Precondition, runs: Runs) -> str:
     for method in condition.methods:
-        accuracies = []
+        accuracies, inside = [], []
         for seed in common_seeds(runs, (method,)):
             result = run_result(runs, method, seed)
-            passkey = result.passkey
-            accuracy = passkey.by_length.get(condition.multiple * result.train_len) if passkey else None
+            accuracy = inside_accuracy(result) if condition.inside_L else None
+            inside.append(accuracy is not None)
+            if accuracy is None and result.passkey:
+                accuracy = result.passkey.by_length.get(condition.multiple * result.train_len)
             if accuracy is None:
                 raise NotMeasured(f"no passkey of {method!r} at {condition.multiple}x L")
             accuracies.append(accuracy)
         if np.mean(accuracies) < condition.value:
-            return (f"{method} retrieves {np.mean(accuracies):.2f} < {condition.value:g} of its passkeys at "
-                    f"{condition.multiple}x L (" + " / ".join(f"{a:.2f}" for a in accuracies) + " per seed)")
+            where = ("answered inside L" if all(inside) else f"at {condition.multiple}x L" if not any(inside)
+                     else f"answered inside L, or at {condition.multiple}x L where no prompt is")
+            return (f"{method} retrieves {np.mean(accuracies):.2f} < {condition.value:g} of its passkeys {where} ("
+                    + " / ".join(f"{a:.2f}" for a in accuracies) + " per seed)")
     return ""
 
 
@@ -188,14 +193,17 @@ def _inflection_problem(condition: Precondition, runs: Runs) -> str:
 def retrieval_by_seed(runs: Runs, method: str = "nope") -> dict[int | None, float]:
     """Per seed, ``method``'s passkey accuracy over the prompts whose answer lies wholly inside L (prompt length
     + answer tokens <= L); seeds without such prompts (or without a passkey) are absent."""
-    out = {}
-    for seed, result in runs.get(method, {}).items():
-        passkey = getattr(result, "passkey", None)
-        inside = [s.correct for s in (passkey.samples if passkey else ())
-                  if s.key_tokens is not None and s.length + s.key_tokens <= result.train_len]
-        if inside:
-            out[seed] = float(np.mean(inside))
-    return out
+    return {seed: accuracy for seed, result in runs.get(method, {}).items()
+            if (accuracy := inside_accuracy(result)) is not None}
+
+
+def inside_accuracy(result: Result) -> float | None:
+    """An evaluation's passkey accuracy over its prompts answered wholly inside L (prompt length + answer tokens
+    <= L), or None when it has none (or no passkey)."""
+    passkey = getattr(result, "passkey", None)
+    inside = [s.correct for s in (passkey.samples if passkey else ())
+              if s.key_tokens is not None and s.length + s.key_tokens <= result.train_len]
+    return float(np.mean(inside)) if inside else None
 
 
 def unlearned(runs: Runs) -> tuple[tuple[int | None, float], ...]:

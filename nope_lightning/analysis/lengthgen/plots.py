@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 # Fixed colours for the position encodings most figures share, so nope and rope never swap or share a hue.
 FIXED_SLOTS = {"nope": 0, "rope": 1, "alibi": 2}
 PALETTE = plt.get_cmap("tab10").colors  # qualitative: ten distinct hues, no light/dark pairs
+LIGHT = plt.get_cmap("tab20").colors[1::2]  # each tab10 hue's lighter partner, in the same order
 FREE = [i for i in range(len(PALETTE)) if i not in FIXED_SLOTS.values()]
 MARKERS = "osD^vP*Xh<>p"
 LINESTYLES = ("-", "--", ":")
@@ -30,13 +31,14 @@ def method_style(label: str) -> dict:
     """Line style of a method, the same in every figure of a process (a report draws several).
 
     Colour from tab10; each method also gets its own hollow marker, so a curve hidden under another
-    still shows, and methods beyond the free colours repeat a colour with another line style.
+    still shows, and methods beyond the free colours repeat a hue with another line style, the second time in
+    its lighter shade (tab20's partner), so two methods of one figure never share both colour and style.
     """
     if label in FIXED_SLOTS:
         color, marker, linestyle = PALETTE[FIXED_SLOTS[label]], MARKERS[FIXED_SLOTS[label]], "-"
     else:
         slot = _slots.setdefault(label, len(_slots))
-        color = PALETTE[FREE[slot % len(FREE)]]
+        color = (PALETTE, LIGHT)[slot // len(FREE) % 2][FREE[slot % len(FREE)]]
         marker = MARKERS[(len(FIXED_SLOTS) + slot) % len(MARKERS)]
         linestyle = LINESTYLES[slot // len(FREE) % len(LINESTYLES)]
     return {"color": color, "marker": marker, "linestyle": linestyle, "markerfacecolor": "none",
@@ -214,26 +216,28 @@ SeedLines = tuple[Sequence[tuple[Sequence[float], Sequence[float]]], tuple[Seque
 
 
 def seed_lines(panels: Mapping[str, Mapping[str, SeedLines]], xlabel: str, ylabel: str, title: str = "",
-               vline: float | None = None, logx: bool = False, logy: bool = False):
+               vline: float | None = None, ranked_x: bool = False, logy: bool = False):
     """Side-by-side panels (``title -> label -> SeedLines``), one colour per label (``method_style``): each seed a
     thin line, the mean over seeds a thick one with markers; ``vline``: a dashed vertical line (the training length,
-    or lambda 1)."""
+    or lambda 1). ``ranked_x``: every x drawn at its rank among all the panels' x, evenly spaced and labelled with
+    its value (prompt lengths 122 and 128 beside 256 and 512 stay apart), ``vline`` placed between ranks by
+    interpolation in log x."""
     fig, axes = plt.subplots(1, len(panels), figsize=(1.5 + 3.6 * len(panels), 4), squeeze=False, sharey=True)
     legend = {}  # every panel's labels, once, beside the last panel
     plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")  # 40, not 4 x 10^1
+    ticks = sorted({v for lines in panels.values() for per_seed, _ in lines.values() for x, _ in per_seed for v in x})
+    place = ((lambda xs: [ticks.index(v) for v in xs]) if ranked_x else (lambda xs: xs))
     for ax, (panel, lines) in zip(axes.flat, panels.items(), strict=True):
-        for label, (per_seed, mean) in lines.items():
+        for label, (per_seed, (mean_x, mean_y)) in lines.items():
             style = method_style(label)
             for x, y in per_seed:
-                ax.plot(x, y, color=style["color"], linestyle=style["linestyle"], linewidth=0.7, alpha=0.35)
-            legend[label], = ax.plot(*mean, label=label, linewidth=2.2, **style)
+                ax.plot(place(x), y, color=style["color"], linestyle=style["linestyle"], linewidth=0.7, alpha=0.35)
+            legend[label], = ax.plot(place(mean_x), mean_y, label=label, linewidth=2.2, **style)
         if vline is not None:
-            ax.axvline(vline, color="black", linestyle="--", linewidth=1)
-        if logx:  # ticks at the drawn x (prompt lengths), not at powers of 2
-            ax.set_xscale("log", base=2)
-            ticks = sorted({v for per_seed, mean in lines.values() for v in mean[0]})
-            ax.set_xticks(ticks, [f"{v:g}" for v in ticks], fontsize=7)
-            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+            at = float(np.interp(np.log(vline), np.log(ticks), range(len(ticks)))) if ranked_x else vline
+            ax.axvline(at, color="black", linestyle="--", linewidth=1)
+        if ranked_x:
+            ax.set_xticks(range(len(ticks)), [f"{v:g}" for v in ticks], fontsize=7)
         if logy:
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(plain)
