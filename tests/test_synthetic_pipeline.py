@@ -23,7 +23,10 @@ from nope_lightning.stages.registry import run_stage, stage_config
 from tests.conftest import REPO
 
 TINY = REPO / "conf/synthetic/tiny.yaml"
-SEED = 7  # the pipeline's one replicate: the grid's own seed list ([0]) gives way to it
+# The pipeline's one replicate: the grid's own seed list ([0]) gives way to it. A seed of the first study
+# (analysis.synthetic.robustness.SEEN_SEEDS) is never new to paper 002's changed rules, whatever day it runs, so
+# the pre-registered claims await their seeds on any day this test runs.
+SEED = 1
 NOPE, ALIBI = f"copy_repeat/nope/s{SEED}", f"copy_repeat/alibi/s{SEED}"
 
 
@@ -147,11 +150,11 @@ def test_a_grid_step_runs_nested_tagged_resumes_is_skipped_and_is_reused(tmp_pat
     # partial grid.
     assert claims.count("| **not measured** |") == 6 and "T5 was not analysed" in claims
     assert claims.count("**awaiting new seeds (3, 4, 5)**") == 2  # the pre-registered scratchpad claims
-    assert "('copy_repeat', 'none', 't5', 7)" in claims
+    assert f"('copy_repeat', 'none', 't5', {SEED})" in claims
     # ... and so does the MRR, both ways: a grid of two PEs is not ranked as if it were the five
     mrr = text.split("#### Mean reciprocal rank")[1].split("\n## ")[0]
-    assert mrr.count("not measured: 3 cells missing") == 2 and "('copy_repeat', 'none', 't5', 7)" in mrr
-    assert "| copy_repeat | 7 | " in text.split("### Exact match per task and PE")[1]
+    assert mrr.count("not measured: 3 cells missing") == 2 and f"('copy_repeat', 'none', 't5', {SEED})" in mrr
+    assert f"| copy_repeat | {SEED} | " in text.split("### Exact match per task and PE")[1]
 
 
 def test_the_dry_run_plans_the_grid_without_compute(tmp_path, track, capfd):

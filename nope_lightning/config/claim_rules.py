@@ -69,3 +69,33 @@ def check_claims(claims: tuple[Any, ...]) -> None:
     for claim in claims:
         if problem := claim_problem(claim):
             raise ValueError(problem)
+
+
+@dataclass(frozen=True)
+class Precondition:
+    """What must hold before a claim can be tested at all (else its verdict is ``fails_as``, *untestable* unless
+    the failure is itself a finding).
+
+    ``passkey_at_least``: every method in ``methods`` retrieves at least ``value`` of its passkeys at
+    ``multiple`` x L, mean over seeds (a retrieval claim means nothing for a model that cannot retrieve in
+    distribution); with ``inside_L``, on the prompts answered wholly inside L (prompt + answer tokens <= L) where
+    the evaluation has them, else on the L-token prompts (an L-token prompt decodes its answer tokens 2-6 past L,
+    so it reads retrieval just past L, not in distribution); ``tables_differ``: the two methods' per-head temperature tables differ somewhere by at least
+    ``value`` (an ablation that converged to the full method's table, from its own tuning data, shows that the
+    ablated part had no effect here: its claims say so through ``fails_as``, not *untestable*); ``ppl_ratio_at_least``:
+    the first method's PPL(``multiple`` L) / PPL(L) is at least ``value`` (pooled over seeds: a repair needs a
+    failure to repair, ``FAILURE_RATIO``); ``inflection_inside``: every method's per-position log-PPL has an
+    inflection inside its measured curve in every seed (an inflection that lies beyond the curve cannot be
+    compared or moved).
+    """
+
+    kind: str
+    methods: tuple[str, ...]
+    value: float = 0.0
+    multiple: int = 1
+    fails_as: str = "untestable"
+    inside_L: bool = False
+
+    def __post_init__(self) -> None:
+        if self.inside_L and (self.kind != "passkey_at_least" or self.multiple != 1):
+            raise ValueError("Precondition.inside_L reads retrieval in distribution: only passkey_at_least at 1x")
