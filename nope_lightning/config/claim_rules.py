@@ -1,6 +1,7 @@
 """How a claim declares its test before any run (``paper.Claim``'s ``scale``, ``inference``, ``null`` and margin),
-the dated history of its rule (``RuleChange``) and the paper's magnitude in its units (``PaperEffect``); and the
-check, at load, that every claim declares them (``check_claims``: one line for the first that does not)."""
+the dated history of its rule (``RuleChange``), the paper's magnitude in its units (``PaperEffect``) and what must
+hold before it is tested at all (``Precondition``); and the check, at load, that every claim declares them
+(``check_claims``: one line for the first that does not)."""
 
 from __future__ import annotations
 
