@@ -81,10 +81,10 @@ class Precondition:
     ``multiple`` x L, mean over seeds (a retrieval claim means nothing for a model that cannot retrieve in
     distribution); with ``inside_L``, on the prompts answered wholly inside L (prompt + answer tokens <= L) where
     the evaluation has them, else on the L-token prompts (an L-token prompt decodes its answer tokens 2-6 past L,
-    so it reads retrieval just past L, not in distribution); ``tables_differ``: the two methods' per-head temperature tables differ somewhere by at least
-    ``value`` (an ablation that converged to the full method's table, from its own tuning data, shows that the
-    ablated part had no effect here: its claims say so through ``fails_as``, not *untestable*); ``ppl_ratio_at_least``:
-    the first method's PPL(``multiple`` L) / PPL(L) is at least ``value`` (pooled over seeds: a repair needs a
+    so it reads retrieval just past L, not in distribution); ``tables_differ``: the two methods' per-head
+    temperature tables differ somewhere by at least ``value`` (an ablation that converged to the full method's
+    table, from its own tuning data, shows that the ablated part had no effect here: its claims say so through
+    ``fails_as``, not *untestable*); ``ppl_ratio_at_least``: the first method's PPL(``multiple`` L) / PPL(L) is at least ``value`` (pooled over seeds: a repair needs a
     failure to repair, ``FAILURE_RATIO``); ``inflection_inside``: every method's per-position log-PPL has an
     inflection inside its measured curve in every seed (an inflection that lies beyond the curve cannot be
     compared or moved).

@@ -225,8 +225,10 @@ def seed_lines(panels: Mapping[str, Mapping[str, SeedLines]], xlabel: str, ylabe
     fig, axes = plt.subplots(1, len(panels), figsize=(1.5 + 3.6 * len(panels), 4), squeeze=False, sharey=True)
     legend = {}  # every panel's labels, once, beside the last panel
     plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")  # 40, not 4 x 10^1
-    ticks = sorted({v for lines in panels.values() for per_seed, _ in lines.values() for x, _ in per_seed for v in x})
-    place = ((lambda xs: [ticks.index(v) for v in xs]) if ranked_x else (lambda xs: xs))
+    ticks = sorted({v for lines in panels.values() for per_seed, _ in lines.values() for x, _ in per_seed for v in x}
+                   if ranked_x else ())
+    rank = {v: i for i, v in enumerate(ticks)}
+    place = (lambda xs: [rank[v] for v in xs]) if ranked_x else (lambda xs: xs)
     for ax, (panel, lines) in zip(axes.flat, panels.items(), strict=True):
         for label, (per_seed, (mean_x, mean_y)) in lines.items():
             style = method_style(label)
