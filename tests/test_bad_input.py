@@ -248,4 +248,4 @@ def test_optuna_dashboard_opens_a_study_store_the_suite_writes(tmp_path):
 def test_ci_lists_the_slowest_tests_beside_the_readmes_test_command():
     lines = [line for line in (REPO / ".ci/run").read_text().splitlines()
              if line.startswith("python -m pytest")]
-    assert len(lines) == 1 and lines[0].startswith("python -m pytest -q --durations=15")
+    assert len(lines) == 1 and lines[0].startswith("python -m pytest -q -n 2 --durations=15")

@@ -51,7 +51,7 @@ def test_the_front_door_is_short_a_first_result_then_one_main_command_and_the_ca
     # the first result comes from the tiny study (a minute); the real job, after it, is the headline study alone
     assert commands[0] == "nope-lightning run pipeline experiments/tiny/tiny.yaml"
     assert set(commands[1:]) == {"nope-lightning run pipeline experiments/regime_study/regime_study.yaml"}
-    assert "\npython -m pytest -q\n" in quick_start  # what .ci/run runs
+    assert "\npython -m pytest -q -n 2\n" in quick_start  # what .ci/run runs
     assert results_table(STUDIES) in text
 
 

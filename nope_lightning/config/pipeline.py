@@ -224,8 +224,9 @@ class ReportSource:
     ``uri`` (empty: the report's own store), or ``results``, the results bundle an earlier report wrote
     (``<out_dir>/results``, e.g. committed under ``experiments/<study>/results/results``) — a study split into
     files, or one seed per file, run on several machines or days. ``steps``: read only the results of these step
-    ids from it (empty: all), for a file that re-ran steps another source already holds (a seed re-trained on
-    another machine, equal up to the last digits) beside the new rows that report needs."""
+    ids from it (empty: all), for a file that re-ran steps another source already holds (a seed trained again
+    on another machine or torch: the same seed and recipe, not the same weights) beside the new rows that report
+    needs."""
 
     run: str = ""
     uri: str = ""

@@ -28,8 +28,8 @@ class ResultIndex:
     on the order its sources are listed in (or, within one source, on which run of a step came last). The one
     exception is the same result from a second source (its ``identity``, ``sources.result_digest``, known for both
     and equal), e.g. a pipeline run and the bundle a report wrote from it: the first stays and the second is
-    counted in ``remeasured``. A step measured again (another machine, another torch) differs in its last digits,
-    so it still stops the report: which of two measurements a table shows is the user's choice. A seed is an
+    counted in ``remeasured``. A step measured again (another machine, another torch) differs, in its last digits
+    or more, so it still stops the report: which of two measurements a table shows is the user's choice. A seed is an
     ``int`` (or ``None``: no replicates), never the text of a tag."""
 
     def __init__(self) -> None:
