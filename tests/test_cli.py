@@ -145,7 +145,7 @@ def test_studies_lists_every_study_folder_with_its_files_seeds_and_status(capsys
     out = capsys.readouterr().out
     folders = sorted(p.name for p in (REPO / "experiments").iterdir() if p.is_dir())
     assert [line.split()[0] for line in out.split("\n\n")] == folders
-    assert "regime_study  [results + bundle, seeds 8]  807.9 min" in out
+    assert "regime_study  [results + bundle, seeds 8]  833.8 min" in out
     assert "experiments/regime_study/regime_study.yaml  seeds: 1234, 2345, 3456, 4567" in out
     assert "experiments/regime_study/regime_study_s5678.yaml  seeds: 5678" in out
     assert "tiny  [no results, seeds —]" in out
