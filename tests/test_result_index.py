@@ -90,19 +90,25 @@ def test_a_seed_stays_an_int():
     assert index.at("evaluate", ()) == {"nope": {7: "r"}}
 
 
-def test_grids_of_different_tasks_at_one_place_are_two_results_the_same_grid_twice_is_refused(tmp_path):
-    """One file a task: every task's grid is step ``grid`` at point () and seed 0; its cells tell them apart."""
+def test_grids_of_different_tasks_or_pes_at_one_place_are_two_results_the_same_grid_twice_is_refused(tmp_path):
+    """One file a task: every task's grid is step ``grid`` at point () and seed 0; its cells tell them apart, and
+    so do they for one task's PEs run as slices (``pos_encodings=[...]`` on the command line)."""
     def grid(*cells):
-        return SimpleNamespace(runs=[SimpleNamespace(task=t, scratchpad=p) for t, p in cells])
+        return SimpleNamespace(runs=[SimpleNamespace(task=t, scratchpad=p, pos_encoding=pe) for t, p, pe in cells])
 
     def source(label, *grids):
         key = RunKey("grid", 0, (), "synthetic-grid", "grid")
         return SimpleNamespace(label=label, steps=frozenset(), items=lambda: iter([Item(key, "g", label, g) for g in grids]))
 
-    parity, copy = grid(("parity", "none")), grid(("copy_repeat", "none"))
+    parity, copy = grid(("parity", "none", "nope"), ("parity", "none", "t5")), grid(("copy_repeat", "none", "nope"))
     found = gather([source("file a", parity), source("file b", copy)], tmp_path, [])
     assert found.results.results("synthetic-grid") == [parity, copy]
-    assert [key.point for key in found.results] == [(("cells", "parity/none"),), (("cells", "copy_repeat/none"),)]
+    assert [key.point for key in found.results] == [(("cells", "parity/none/nope,parity/none/t5"),),
+                                                    (("cells", "copy_repeat/none/nope"),)]
     assert [p.key.point for p in found.placed] == [(), ()]  # the bundle keeps each run's own key
     with pytest.raises(ValueError, match="file a and file b both hold synthetic-grid 'grid' seed 0"):
-        gather([source("file a", parity), source("file b", grid(("parity", "none")))], tmp_path, [])
+        gather([source("file a", parity), source("file b", grid(("parity", "none", "t5"), ("parity", "none", "nope")))],
+               tmp_path, [])
+    rope = grid(("parity", "none", "rope"))  # the same (task, seed)'s other PEs: a slice of its own
+    assert gather([source("file a", parity), source("slice", rope)], tmp_path, []).results.results(
+        "synthetic-grid") == [parity, rope]

@@ -163,7 +163,10 @@ def test_t5_bias_table_leaves_the_decayed_group_only_when_asked():
 # --- the study files ------------------------------------------------------------------------------------------
 
 
-FILES = sorted((REPO / "experiments/synthetic_race").glob("race_*.yaml"))
+FILES = sorted(p for p in (REPO / "experiments/synthetic_race").glob("race_*.yaml")
+               if not p.stem.startswith("race_scratchpad_"))
+#: The race's scratchpad files: the tasks learned without a scratchpad whose full-format cells fit the CPU budget.
+SCRATCHPAD = {task: REPO / f"experiments/synthetic_race/race_scratchpad_{task}.yaml" for task in ("parity", "sort_symbols")}
 SEEDS = (0, 1, 2, 3, 4, 5)
 
 
@@ -219,3 +222,32 @@ def test_a_seed_slice_on_the_command_line_plans_that_seeds_grid_alone(tmp_path, 
     one, every = plan("seeds=[3]"), plan()
     assert one["problems"] == [] and [s["id"] for s in one["steps"]] == ["grid[seed=3]"]
     assert one["estimate_s"] == pytest.approx(every["estimate_s"] / len(SEEDS), rel=1e-3)
+
+
+def scratchpad_cells(path, overrides: tuple[str, ...] = ()) -> list[SyntheticConfig]:
+    cfg = stage_config("pipeline", str(path), list(overrides))
+    return [cell for instance in expand(cfg) for cell in step_config(instance, cfg, {}, "parent").cells()]
+
+
+def test_the_scratchpad_files_run_both_formats_x_5_pes_x_the_new_seeds_at_the_race_cells_recipe(race_cells):
+    """The pre-registered scratchpad claims' cells: full and minimal x the 5 PEs x seeds 3-5, each the race's
+    no-scratchpad cell of its (task, PE) (the pair the claims compare) but for its format and positions, and the
+    longest full scratchpad fits those positions."""
+    assert sorted(SCRATCHPAD.values()) == sorted((REPO / "experiments/synthetic_race").glob("race_scratchpad_*.yaml"))
+    for task, path in SCRATCHPAD.items():
+        cells = scratchpad_cells(path)
+        assert sorted((c.scratchpad, c.pos_encoding, c.seed) for c in cells) == sorted(
+            itertools.product(("full", "minimal"), PAPER_PES, NEW_SEEDS)), path.name
+        for c in cells:
+            none = dataclasses.replace(race_cells[task, c.pos_encoding], seed=c.seed)
+            assert dataclasses.replace(c, scratchpad="none", model=none.model) == none, (path.name, c.pos_encoding)
+            assert dataclasses.replace(c.model, max_positions=none.model.max_positions) == none.model
+            assert rule(c) == RULE and c.test_positions[0] <= c.model.max_positions == 1024
+
+
+def test_a_pe_slice_of_a_scratchpad_file_plans_those_pes_cells_as_the_whole_file_does():
+    path = SCRATCHPAD["sort_symbols"]
+    whole = {(c.scratchpad, c.pos_encoding, c.seed): c for c in scratchpad_cells(path)}
+    sliced = scratchpad_cells(path, ("seeds=[4]", "matrix.scratchpad=[full]", 'common=["pos_encodings=[t5,rope]"]'))
+    assert [(c.scratchpad, c.pos_encoding, c.seed) for c in sliced] == [("full", "t5", 4), ("full", "rope", 4)]
+    assert all(c == whole[c.scratchpad, c.pos_encoding, c.seed] for c in sliced)

@@ -287,8 +287,10 @@ def gather(sources: list, out: Path, matrix_keys: list[str]) -> Gathered:
                      if matrix_keys and key.stage != "synthetic-grid" else key.point)
             if key.stage == "synthetic-grid" and item.result is not None:
                 # A grid's place also names the cells it holds: a study of one file a task runs every task's grid
-                # at the same (point, step, seed), and two grids of different tasks are not one result twice.
-                point = (*point, ("cells", ",".join(sorted({f"{c.task}/{c.scratchpad}" for c in item.result.runs}))))
+                # at the same (point, step, seed), and two grids of different tasks, or of one task's PEs split in
+                # slices, are not one result twice (a cell that two grids both hold stops ``CellIndex``).
+                point = (*point, ("cells", ",".join(sorted({f"{c.task}/{c.scratchpad}/{c.pos_encoding}"
+                                                            for c in item.result.runs}))))
             if item.result is not None:
                 if found.results.add(dataclasses.replace(key, point=point), item.result, source.label,
                                      item.step) is None:
