@@ -36,7 +36,7 @@ def test_accuracy_by_length_is_the_mean_over_seeds_of_every_grid():
     fig, caption = accuracy_by_length([one_seed_grid(0), one_seed_grid(1), one_seed_grid(0, "full")])
     assert "mean over seeds 0, 1 (`copy_repeat (full)`: seed 0 only)" in caption
     visible = [ax for ax in fig.axes if ax.get_visible()]
-    assert [ax.get_title() for ax in visible] == ["copy_repeat", "copy_repeat (full)"]
+    assert [ax.get_title() for ax in visible] == ["copy_repeat, seeds 0, 1", "copy_repeat (full), seed 0"]
     plain = lines(visible[0])
     assert plain["NoPE"] == ([1, 21], [1.0, 0.7])  # buckets "1-20" (ID) and "21-40" (OOD): (0.8 + 0.6) / 2
     assert np.allclose(plain["T5"][1], [1.0, 0.3])

@@ -25,6 +25,7 @@ from nope_lightning.stages.registry import run_stage, stage_config
 from nope_lightning.synthetic import Vocabulary, is_held_out, make_split
 from nope_lightning.training.module import CausalLM
 from tests.conftest import REPO
+from tests.test_synthetic_study import grids
 
 RACE, CPU = REPO / "conf/synthetic-grid/race.yaml", REPO / "conf/synthetic-grid/cpu.yaml"
 #: The tasks learned in distribution (validation ID >= 0.9 for >= 4 of the 5 PEs) at cpu.yaml's recipes.
@@ -225,8 +226,7 @@ def test_a_seed_slice_on_the_command_line_plans_that_seeds_grid_alone(tmp_path, 
 
 
 def scratchpad_cells(path, overrides: tuple[str, ...] = ()) -> list[SyntheticConfig]:
-    cfg = stage_config("pipeline", str(path), list(overrides))
-    return [cell for instance in expand(cfg) for cell in step_config(instance, cfg, {}, "parent").cells()]
+    return [cell for _, grid in grids(path, overrides) for cell in grid.cells()]
 
 
 def test_the_scratchpad_files_run_both_formats_x_5_pes_x_the_new_seeds_at_the_race_cells_recipe(race_cells):

@@ -27,8 +27,8 @@ def _panel_name(task: str, scratchpad: str) -> str:
 
 
 def accuracy_by_length(grids: Iterable[SyntheticGridResult]) -> Plot | None:
-    """Exact match per length (ID and OOD buckets) per PE, mean over seeds, one panel per (task, scratchpad);
-    the training maximum dashed. None without cells."""
+    """Exact match per length (ID and OOD buckets) per PE, mean over the panel's seeds (named in its title), one
+    panel per (task, scratchpad); the training maximum dashed. None without cells."""
     per_panel: dict[tuple[str, str], dict[str, dict[int, list[float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(list)))
     train_max: dict[tuple[str, str], int] = {}  # the cells' own (a config may set train_max_len)
@@ -51,10 +51,12 @@ def accuracy_by_length(grids: Iterable[SyntheticGridResult]) -> Plot | None:
         pes = per_panel[(task, scratchpad)]
         named = {PAPER_NAMES.get(pe, pe): {x: float(np.mean(v)) for x, v in pes[pe].items()}
                  for pe in sorted(pes, key=lambda p: PAPER_PES.index(p) if p in PAPER_PES else len(PAPER_PES))}
-        synthetic_grid.draw_curves(ax, named, train_max[(task, scratchpad)], _panel_name(task, scratchpad), "exact match")
+        name = _panel_name(task, scratchpad)  # a panel names its seeds: panels of one figure may hold different ones
+        synthetic_grid.draw_curves(ax, named, train_max[(task, scratchpad)], f"{name}, {seeds(panel_seeds[name])}",
+                                   "exact match")
     for ax in axes[len(order):]:
         ax.set_visible(False)
-    fig.suptitle("Exact match per length, mean over seeds (left of the dashed line: training lengths)")
+    fig.suptitle("Exact match per length, mean over each panel's seeds (left of the dashed line: training lengths)")
     return Plot(fig, "Exact match per length of each PE, one panel per task (a scratchpad format in "
                      f"brackets), {over_seeds(panel_seeds)}; left of the dashed line: the training lengths.")
 
