@@ -292,6 +292,9 @@ def test_the_pre_registered_claims_await_seeds_3_to_5_and_judge_only_them():
     assert row_of(claims_table(only_new, DATES), "scratchpad_not_always_helpful")[11] == (
         "**reproduced** (new seeds 3, 4, 5 only)")  # every seed it has is new: judged on them all
     assert CLAIM["scratchpad_helps_some_tasks"].awaits == ()  # the exploratory one stays as it was
+    # no cell in either format: not measured, and its new seeds named in order whatever order the runs loaded in
+    unmeasured = claims_table(verdicts(grid(lambda t, pe, s: 0.5, SCRATCH, (5, 4, 3))), {5: NEW, 4: NEW, 3: NEW})
+    assert row_of(unmeasured, "scratchpad_format_matters")[9] == "**not measured** on seeds 3, 4, 5"
 
 
 # --- 7. the race recipe's dated rule ------------------------------------------------------------------------------

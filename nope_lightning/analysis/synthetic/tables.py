@@ -117,7 +117,8 @@ def claims_table(outcomes: Sequence[SyntheticOutcome], seed_dates: Mapping[int |
     show, rows, notes, dates = "{:+.3f}".format, [], Footnotes(), seed_dates or {}  # floor notes repeat
     for o in outcomes:
         c, below = o.claim, dict(o.below)
-        new = new_seeds(c, o.seeds or [s for s in dates if s is not None], dates)
+        # a claim measured on no seed reads the study's seeds, in order (``dates`` follows the order runs load)
+        new = new_seeds(c, o.seeds or sorted(s for s in dates if s is not None), dates)
         fresh = _on_new_seeds(o, new)
         if c.awaits:
             found = (f"**{fresh.verdict}** (new seeds {_seeds(new)} only)" if fresh else
