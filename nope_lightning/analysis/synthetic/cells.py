@@ -13,6 +13,8 @@ import numpy as np
 from nope_lightning.analysis.verdicts import NotMeasured
 from nope_lightning.numerics.stats import LEVEL, Interval, wilson
 from nope_lightning.results.synthetic import SyntheticCell
+from nope_lightning.synthetic.scratchpad import COMPONENTS, supported_formats
+from nope_lightning.synthetic.tasks import TASKS
 
 NONE, FULL = "none", "full"  # the scratchpad formats the claims read
 
@@ -29,19 +31,32 @@ def exact_match(result: SyntheticCell, split: str) -> Interval:
     return wilson(sum(round(b.acc * b.n) for b in buckets), sum(b.n for b in buckets))
 
 
+def _canonical(key: tuple[str, str, str, int]) -> tuple:
+    """Where a (task, scratchpad, PE, seed) key sorts: the tasks without a scratchpad first, then each task's
+    scratchpad formats side by side, tasks in ``TASKS`` order and formats in ``supported_formats``' order. A report
+    reads its cells in this order, not in the order its runs were joined in: the crossed bootstrap resamples task
+    indices, so slices joined in another order would otherwise draw other intervals (and lay out other tables)."""
+    task, scratchpad, _, _ = key
+    formats = supported_formats(COMPONENTS)
+    return (scratchpad != NONE, list(TASKS).index(task) if task in TASKS else len(TASKS), task,
+            formats.index(scratchpad) if scratchpad in formats else len(formats), scratchpad)
+
+
 class CellIndex:
-    """The cells by (task, scratchpad, PE, seed); two cells with one key are an error."""
+    """The cells by (task, scratchpad, PE, seed), in ``_canonical`` order of (task, scratchpad) and in the order
+    they came within one; two cells with one key are an error."""
 
     def __init__(self, cells: Iterable[SyntheticCell]) -> None:
-        self.cells: dict[tuple[str, str, str, int], SyntheticCell] = {}
+        index: dict[tuple[str, str, str, int], SyntheticCell] = {}
         for c in cells:
             key = (c.task, c.scratchpad, c.pos_encoding, c.seed)
-            if key in self.cells:
-                raise ValueError(f"two results for {key} (runs {self.cells[key].run_id} and {c.run_id})")
-            self.cells[key] = c
+            if key in index:
+                raise ValueError(f"two results for {key} (runs {index[key].run_id} and {c.run_id})")
+            index[key] = c
+        self.cells = {key: index[key] for key in sorted(index, key=_canonical)}
 
     def tasks(self, scratchpad: str) -> list[str]:
-        """The tasks run with ``scratchpad``, in the order the cells came."""
+        """The tasks run with ``scratchpad``, in ``TASKS`` order (tasks it does not know last, by name)."""
         return list(dict.fromkeys(task for task, s, _, _ in self.cells if s == scratchpad))
 
     def plain_tasks(self, wanted: Sequence[str] = ()) -> list[str]:
