@@ -62,7 +62,8 @@ def make_cell(task: str, pe: str, seed: int, correct, id_acc: float = 1.0, scrat
                          ood_correct=tuple(right.tolist()), test_digest=digest or f"{task}/seed {seed}")
 
 
-TASKS = ("copy", "copy_2x", "reverse", "reverse_2x", "addition", "sort")  # 4 primitive ones, so every claim has 4; the registry's order
+# 4 primitive ones, so every claim has 4, in the registry's order (the order a report reads tasks in)
+TASKS = ("copy", "copy_2x", "reverse", "reverse_2x", "addition", "sort")
 
 
 def grid(ood, tasks=TASKS, seeds=SEEDS, id_acc=lambda task, pe: 1.0,
@@ -508,7 +509,6 @@ def test_cells_scored_on_different_test_examples_are_not_compared():
         CellIndex([cells[0], cells[0]])
 
 
-
 def test_the_report_reads_its_cells_in_task_order_whatever_order_they_were_joined_in():
     """Slices joined in another order give the same tables: the crossed bootstrap resamples task indices, so a
     report that kept the join order would draw other intervals from the same cells."""
@@ -521,6 +521,7 @@ def test_the_report_reads_its_cells_in_task_order_whatever_order_they_were_joine
               for c in (cells, joined_otherwise)]
     assert tables[0] == tables[1]
     assert tables[0].index("| sort (full) |") > tables[0].index("| sort |") > tables[0].index("| addition |")
+
 
 def test_version_one_cells_keep_their_verdict_without_an_evaluation_interval():
     cells = grid(SCENARIOS["nope_beats_ape_rotary_on_primitives"][0])

@@ -31,15 +31,19 @@ def exact_match(result: SyntheticCell, split: str) -> Interval:
     return wilson(sum(round(b.acc * b.n) for b in buckets), sum(b.n for b in buckets))
 
 
+# where a task and a format sort; ones the registry does not know after those it does, by name
+_TASK_RANK = {task: rank for rank, task in enumerate(TASKS)}
+_FORMAT_RANK = {pad: rank for rank, pad in enumerate(supported_formats(COMPONENTS))}
+
+
 def _canonical(key: tuple[str, str, str, int]) -> tuple:
     """Where a (task, scratchpad, PE, seed) key sorts: the tasks without a scratchpad first, then each task's
     scratchpad formats side by side, tasks in ``TASKS`` order and formats in ``supported_formats``' order. A report
     reads its cells in this order, not in the order its runs were joined in: the crossed bootstrap resamples task
     indices, so slices joined in another order would otherwise draw other intervals (and lay out other tables)."""
     task, scratchpad, _, _ = key
-    formats = supported_formats(COMPONENTS)
-    return (scratchpad != NONE, list(TASKS).index(task) if task in TASKS else len(TASKS), task,
-            formats.index(scratchpad) if scratchpad in formats else len(formats), scratchpad)
+    return (scratchpad != NONE, _TASK_RANK.get(task, len(_TASK_RANK)), task,
+            _FORMAT_RANK.get(scratchpad, len(_FORMAT_RANK)), scratchpad)
 
 
 class CellIndex:
