@@ -14,6 +14,7 @@ from nope_lightning.analysis.synthetic.figures import (
     study_figures,
 )
 from nope_lightning.results.synthetic import SyntheticGridResult, TaskAttention
+from nope_lightning.synthetic.tasks import TASKS
 from tests.test_attention_claims import made_up_grid
 from tests.test_synthetic_claims import make_cell
 
@@ -43,6 +44,19 @@ def test_accuracy_by_length_is_the_mean_over_seeds_of_every_grid():
     assert lines(visible[1])["NoPE"] == ([1, 21], [1.0, 0.8])  # the full-scratchpad grid alone
     assert accuracy_by_length([]) is None
 
+
+
+def test_accuracy_panels_follow_the_task_registry_as_the_tables_do():
+    """Panels in ``TASKS`` order (copy_repeat before copy, parity before scan), plain tasks before scratchpad ones,
+    whatever order the grids came in and whatever the alphabet says."""
+    cells = [make_cell(task, "nope", 0, 0.5, scratchpad=pad)
+             for task, pad in [("scan", "none"), ("copy", "none"), ("parity", "full"), ("copy_repeat", "none"),
+                               ("parity", "none")]]
+    fig, _ = accuracy_by_length([SyntheticGridResult("g", {}, {}, {}, {}, cells)])
+    titles = [ax.get_title().split(",")[0] for ax in fig.axes if ax.get_visible()]
+    registry = list(TASKS)
+    assert titles == sorted(["scan", "copy", "copy_repeat", "parity"], key=registry.index) + ["parity (full)"]
+    assert titles.index("copy_repeat") < titles.index("copy")  # alphabetical order would put copy first
 
 def test_distance_histograms_sum_counts_over_the_grids_of_a_task_and_scratchpad():
     grids = [one_seed_grid(0), one_seed_grid(1, hist={"NoPE": [0, 2, 0, 0], "T5": [1, 1, 0, 0]}),

@@ -36,18 +36,17 @@ _TASK_RANK = {task: rank for rank, task in enumerate(TASKS)}
 _FORMAT_RANK = {pad: rank for rank, pad in enumerate(supported_formats(COMPONENTS))}
 
 
-def _canonical(key: tuple[str, str, str, int]) -> tuple:
-    """Where a (task, scratchpad, PE, seed) key sorts: the tasks without a scratchpad first, then each task's
-    scratchpad formats side by side, tasks in ``TASKS`` order and formats in ``supported_formats``' order. A report
-    reads its cells in this order, not in the order its runs were joined in: the crossed bootstrap resamples task
+def panel_rank(task: str, scratchpad: str) -> tuple:
+    """Where a (task, scratchpad) sorts: the tasks without a scratchpad first, then each task's scratchpad formats
+    side by side, tasks in ``TASKS`` order and formats in ``supported_formats``' order. A report reads its cells, and
+    draws its panels, in this order, not in the order its runs were joined in: the crossed bootstrap resamples task
     indices, so slices joined in another order would otherwise draw other intervals (and lay out other tables)."""
-    task, scratchpad, _, _ = key
     return (scratchpad != NONE, _TASK_RANK.get(task, len(_TASK_RANK)), task,
             _FORMAT_RANK.get(scratchpad, len(_FORMAT_RANK)), scratchpad)
 
 
 class CellIndex:
-    """The cells by (task, scratchpad, PE, seed), in ``_canonical`` order of (task, scratchpad) and in the order
+    """The cells by (task, scratchpad, PE, seed), in ``panel_rank`` order of (task, scratchpad) and in the order
     they came within one; two cells with one key are an error."""
 
     def __init__(self, cells: Iterable[SyntheticCell]) -> None:
@@ -57,7 +56,7 @@ class CellIndex:
             if key in index:
                 raise ValueError(f"two results for {key} (runs {index[key].run_id} and {c.run_id})")
             index[key] = c
-        self.cells = {key: index[key] for key in sorted(index, key=_canonical)}
+        self.cells = {key: index[key] for key in sorted(index, key=lambda key: panel_rank(key[0], key[1]))}
 
     def tasks(self, scratchpad: str) -> list[str]:
         """The tasks run with ``scratchpad``, in ``TASKS`` order (tasks it does not know last, by name)."""

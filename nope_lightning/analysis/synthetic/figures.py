@@ -17,6 +17,7 @@ from matplotlib.figure import Figure  # no pyplot: no global state
 from nope_lightning.analysis.report_frame import Plot, over_seeds, seeds
 from nope_lightning.analysis.synthetic import grid as synthetic_grid
 from nope_lightning.analysis.synthetic.attention_claims import T5_CLOSEST, attention_index, claim_tasks
+from nope_lightning.analysis.synthetic.cells import panel_rank
 from nope_lightning.analysis.verdicts import NotMeasured
 from nope_lightning.config.synthetic import PAPER_NAMES, PAPER_PES
 from nope_lightning.results.synthetic import SyntheticGridResult
@@ -42,7 +43,7 @@ def accuracy_by_length(grids: Iterable[SyntheticGridResult]) -> Plot | None:
                 per_panel[(cell.task, cell.scratchpad)][cell.pos_encoding][x].append(bucket.acc)
     if not per_panel:
         return None
-    order = sorted(per_panel, key=lambda k: (k[1] != "none", k))
+    order = sorted(per_panel, key=lambda k: panel_rank(*k))  # the tables' task order
     columns = min(4, len(order))
     rows = -(-len(order) // columns)
     fig = Figure(figsize=(4.0 * columns, 3.2 * rows), layout="constrained")
