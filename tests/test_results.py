@@ -61,7 +61,7 @@ SEARCH = ScaleSearchResult(
 HEADSCALE = HeadScaleResult("runs:/x/model", "abc", 64, 256, "1/sqrt(head_size)", "lambda", "search", 1.2, "s1",
                             True, 1.0, 10, "recipe", 0.4, 3.3, "head_scale", [[1.1, 1.4]],
                             ConvergedEntropy("nats", [[1.0, 2.0]], "last 1/4 of 256"))
-CELL = SyntheticCell("r", "copy_repeat", "nope", 0, False, 4, 6, 1.0, 0.5, 1.0, 8, 8, 1.5, 0.5, 1000,
+CELL = SyntheticCell("r", "copy_repeat", "nope", 0, "none", 4, 6, 1.0, 0.5, 1.0, 8, 8, 1.5, 0.5, 1000,
                      [BucketAccuracy("1-2", "id", 3, 1.0), BucketAccuracy("5-6", "ood", 3, 0.5)],
                      [Failure(6, "a b", "a b a b", "a b a")])
 GRID = SyntheticGridResult("p", {"nope": 1.0}, {"copy_repeat": {"nope": 0.5}}, {"ood": "| task |", "id": "| task |"},
@@ -125,7 +125,8 @@ def test_a_bundle_keeps_every_result_at_its_place_and_reads_back(tmp_path):
     first = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     assert sorted(map(str, first)) == ["evaluate/nope-s1234-n_layer2.json.gz", "files/headscale-fig5.png",
                                        "headscale/nope-s2345.json.gz", "index.json", "pipeline-abc.yaml",
-                                       "scale-search/nope_lambda_1.5-s1234.json.gz", "synthetic-grid/grid-s7.json.gz"]
+                                       "scale-search/nope_lambda_1.5-s1234.json.gz",
+                                       "synthetic-grid/grid-s7-taskcopy_repeat.json.gz"]
     back = Bundle.read(folder)
     assert back.pipelines == bundle.pipelines and back.pretrains == bundle.pretrains
     assert [p.key for p in back.results] == keys and [p.name for p in back.results] == [p.name for p in results]
@@ -134,6 +135,27 @@ def test_a_bundle_keeps_every_result_at_its_place_and_reads_back(tmp_path):
     assert back.files[0].read_bytes() == b"png"
     back.write(folder)  # in place, from its own files: the same bytes
     assert {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()} == first
+
+
+def test_a_grid_result_is_named_by_the_task_it_holds_so_a_joining_slice_renames_nothing(tmp_path):
+    """Seed slices of task files share method and seed (``grid``, 3): each is named by its (task, format), so a
+    slice that joins later leaves the others' names as they were; a matrix point that names the task already is
+    not repeated, and a grid of two tasks, or two slices of one task, are numbered."""
+    def grid(*cells: tuple[str, str]) -> SyntheticGridResult:
+        return SyntheticGridResult(**{**vars(GRID), "runs": [SyntheticCell(**{**vars(CELL), "task": task,
+                                                                               "scratchpad": fmt}) for task, fmt in cells]})
+
+    key, pointed = RunKey("grid", 3, (), "synthetic-grid", "grid"), RunKey("grid", 3, (("task", "copy"),), "synthetic-grid", "grid")
+    held = [(key, grid(("reverse", "none"))), (key, grid(("parity", "full"))), (pointed, grid(("copy", "none"))),
+            (key, grid(("copy", "none"), ("reverse", "none"))), (key, grid(("reverse", "none"), ("reverse", "none")))]
+
+    def names(results) -> list[str]:
+        folder = Bundle([("s", "a")], [None], [Placed(k, "grid", r) for k, r in results]).write(tmp_path / "b")
+        return [e["file"].removeprefix("synthetic-grid/") for e in json.loads((folder / "index.json").read_text())["results"]]
+
+    assert names(held) == ["grid-s3-taskreverse.json.gz", "grid-s3-taskparity-scratchpadfull.json.gz",
+                           "grid-s3-taskcopy.json.gz", "grid-s3.json.gz", "grid-s3-taskreverse-2.json.gz"]
+    assert names([(key, grid(("copy_2x", "none"))), *held[:2]])[1:] == names(held[:2])
 
 
 def test_a_missing_newer_or_damaged_bundle_fails_in_one_line(tmp_path):

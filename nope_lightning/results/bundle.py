@@ -12,7 +12,7 @@ Layout (``VERSION`` 1)::
     index.json                  pipelines, configs, results (file, run name, tags), pretrains, files, and
                                 ``dates`` (pipeline run id -> the day it ran, ISO, UTC; absent in older bundles)
     pipeline-<run id>.yaml      each pipeline run's experiment file, as it logged it
-    <stage>/<method>-s<seed>[-<point>].json.gz
+    <stage>/<method>-s<seed>[-<point>][-<label>].json.gz   (label: what the result holds, e.g. taskparity)
     files/<name>                figures and notes copied from runs (``<method>-<name>`` in the report)
 
 Results are written with gzip's ``mtime=0``, so a report rewritten from the same runs leaves the same bytes.
@@ -88,7 +88,7 @@ class Bundle:
                 (folder / config[0]).write_bytes(config[1])
         entries, taken = [], set()
         for placed in self.results:
-            name = _unique(f"{placed.key.stage}/{_slug(placed.key)}", taken)
+            name = _unique(f"{placed.key.stage}/{_slug(placed.key, placed.result.label())}", taken)
             (folder / name).parent.mkdir(exist_ok=True)
             (folder / name).write_bytes(gzip.compress(dumps(placed.result.to_dict()).encode(), mtime=0))
             entries.append({"file": name, "run_name": placed.name, "tags": placed.key.tags()})
@@ -135,9 +135,13 @@ def _load(folder: Path, entry: dict[str, Any]) -> Placed:
     return Placed(key, entry["run_name"], kind.from_dict(json.loads(gzip.decompress(path.read_bytes())), str(path)))
 
 
-def _slug(key: RunKey) -> str:
-    """``nope_lambda_1.5-s1234[-n_layer2]``: the method, seed and matrix point, safe as a file name."""
-    parts = [key.method, *([f"s{key.seed}"] if key.seed is not None else []), *(f"{k}{v}" for k, v in key.point)]
+def _slug(key: RunKey, label: tuple[tuple[str, str], ...] = ()) -> str:
+    """``nope_lambda_1.5-s1234[-n_layer2]``: the method, seed and matrix point, then the result's ``label`` pairs
+    the point lacks (``grid-s3-taskparity``), safe as a file name. Named by what it holds, a result keeps its file
+    name when a later report adds runs beside it; only results alike in all of these are numbered."""
+    named = dict(key.point)
+    point = [*key.point, *((k, v) for k, v in label if k not in named)]
+    parts = [key.method, *([f"s{key.seed}"] if key.seed is not None else []), *(f"{k}{v}" for k, v in point)]
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(parts))
 
 

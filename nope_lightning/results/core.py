@@ -28,6 +28,11 @@ class ResultFile:
         """The result from its on-disk form (any version up to ``VERSION``)."""
         raise NotImplementedError
 
+    def label(self) -> tuple[tuple[str, str], ...]:
+        """What the result holds that its run key may not name, as ``(key, value)`` pairs like a matrix point; a
+        bundle adds the pairs its key's point lacks to the result's file name. Empty by default."""
+        return ()
+
     def to_dict(self) -> dict[str, Any]:
         """The on-disk form (JSON-ready up to ``dumps``: int keys and tuples become strings and lists)."""
         return {"version": self.VERSION, **self.body()}

@@ -190,6 +190,15 @@ class SyntheticGridResult(ResultFile):
         return {"parent_run_id": self.parent_run_id, "mrr": self.mrr, "ood": self.ood, "tables": self.tables,
                 "attention": {task: vars(a) for task, a in self.attention.items()}, "runs": runs}
 
+    def label(self) -> tuple[tuple[str, str], ...]:
+        """``(("task", t),)``, with ``("scratchpad", f)`` unless ``none``, when every cell is of one (task,
+        format), as a task file's seed slice is; nothing for a grid of several (its file name would list them)."""
+        held = {(cell.task, cell.scratchpad) for cell in self.runs}
+        if len(held) != 1:
+            return ()
+        task, scratchpad = next(iter(held))
+        return (("task", task),) + ((("scratchpad", scratchpad),) if scratchpad != "none" else ())
+
     @classmethod
     def parse(cls, data: dict[str, Any]) -> SyntheticGridResult:
         attention = {task: TaskAttention.parse(a) for task, a in data["attention"].items()}
