@@ -283,6 +283,10 @@ def test_scratchpad_helps_some_tasks_each_verdict():
     # helps addition; on the others the seeds disagree, so whether it helps "not others" stays open
     assert verdict(lambda t, s: 0.3 + 0.01 * s if t == "addition" else (0.3, -0.3, 0.0)[s]) == "inconclusive"
     assert verdict(lambda t, s: 0.3 if t == "addition" else -0.2, seeds=(0,)) == NO_SEED_VERDICT
+    # one seed, one task: its row counts in the singular
+    single = outcome("scratchpad_helps_some_tasks", with_scratchpad(lambda t, s: 0.3, tasks=("parity",), seeds=(0,)))
+    assert single.by_task[0].verdict == NO_SEED_VERDICT
+    assert "| 1 task, 1 query | parity | 1 task on one seed |" in claims_table([single])
     failed = outcome("scratchpad_helps_some_tasks", with_scratchpad(lambda t, s: 0.1, id_acc=lambda t, pe: 0.5))
     assert failed.verdict == TOO_FEW and failed.tasks == () and failed.queries == 0
     assert ("addition", "NoPE (full) ID 0.50 < 0.9, T5 (full) ID 0.50 < 0.9, ALiBi (full) ID 0.50 < 0.9, Rotary "

@@ -33,7 +33,7 @@ from nope_lightning.analysis.synthetic.robustness import (
     rule_day,
     spread_cell,
 )
-from nope_lightning.analysis.verdicts import NotMeasured
+from nope_lightning.analysis.verdicts import NO_SEED_VERDICT, NotMeasured
 from nope_lightning.config.paper import SYNTHETIC_MRR
 from nope_lightning.config.synthetic import PAPER_NAMES
 from nope_lightning.results.synthetic import SyntheticCell
@@ -130,15 +130,16 @@ def claims_table(outcomes: Sequence[SyntheticOutcome], seed_dates: Mapping[int |
                                   if t in below else "") for t in o.tasks) or "none"
         left = ", ".join(f"{t} {notes.mark(f'left out {t}: {why}')}" for t, why in o.left_out)
         tasks = compared + (f"; left out {left}" if left else "") if o.tasks or o.left_out else MISSING
-        rests = f"{len(o.tasks)} task{'s' * (len(o.tasks) != 1)}, {o.queries} queries" if o.tasks or o.left_out \
-            else MISSING
+        rests = f"{_count(len(o.tasks), 'task', 'tasks')}, {_count(o.queries, 'query', 'queries')}" \
+            if o.tasks or o.left_out else MISSING
         judged = [_new_seeds_cell(o, new, fresh, show), leave_one_out_text(o.loto, o.verdict, show)]
         if o.by_task:
             words = [WORDS[c.test][e.verdict] for e in o.by_task]
             rows.append([c.text, c.rule, c.paper, "; ".join(f"{e.tasks[0]} {cell(e.across, show)} ({w})" for e, w in
                                                             zip(o.by_task, words, strict=True)) + f" {c.unit}",
                          MISSING, "; ".join(f"{e.tasks[0]} {spread_cell(e.interval, show)}" for e in o.by_task),
-                         rests, tasks, ", ".join(f"{words.count(w)} {w}" for w in dict.fromkeys(words)), *judged,
+                         rests, tasks, ", ".join(_tally(words.count(w), w, c.test) for w in dict.fromkeys(words)),
+                         *judged,
                          found])
         elif o.interval is None:
             rows.append([c.text, c.rule, c.paper, f"{o.verdict}: {o.reason}", MISSING, MISSING, rests, tasks, MISSING,
@@ -177,6 +178,15 @@ def claims_table(outcomes: Sequence[SyntheticOutcome], seed_dates: Mapping[int |
             + (f"\n\n{calibrated}" if calibrated else ""))
 
 
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _tally(n: int, word: str, test: str) -> str:
+    """How many of a claim's tasks got ``word``: "2 helps"; the one-seed word reads "1 task on one seed"."""
+    return f"{_count(n, 'task', 'tasks')} on one seed" if word == WORDS[test][NO_SEED_VERDICT] else f"{n} {word}"
+
+
 def _seeds(seeds: Sequence[int | None]) -> str:
     return ", ".join(map(str, seeds))
 
@@ -199,7 +209,7 @@ def _new_seeds_cell(o: SyntheticOutcome, new: list[int | None] | None, fresh: Sy
     if not new:
         return f"— no seed ran after the rule ({rule_day(o.claim)})"
     if fresh is o:
-        return f"as pooled: all {len(new)} seeds ran after the rule"
+        return f"as pooled: {'its one seed' if len(new) == 1 else f'all {len(new)} seeds'} ran after the rule"
     if fresh is None:
         return f"— not judged again (seeds {_seeds(new)} ran after the rule)"
     effect = ("" if fresh.by_task or fresh.across is None
