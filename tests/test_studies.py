@@ -58,8 +58,9 @@ def test_the_front_door_is_short_a_first_result_then_one_main_command_and_the_ca
 def test_verdict_counts_know_partial_and_no_verdict():
     table = ("| claim | verdict |\n|---|---|\n| a | **reproduced** |\n| b | **partial**: +0.549 of the gap, paper "
              "+0.971 |\n| c | **4 seeds: no verdict (fewer than 5)** |\n| d | **1 seed: no verdict about seeds** |\n"
-             "| e | **untestable** |\n| f | **13.5 min**, alone |\n| g | **reproduced** |")
-    assert verdict_counts(table) == {"reproduced": 2, "partial": 1, "no verdict": 2, "untestable": 1}
+             "| e | **untestable** |\n| f | **13.5 min**, alone |\n| g | **reproduced** |\n"
+             "| h | **inconclusive** (new seeds 3, 4, 5 only) |")
+    assert verdict_counts(table) == {"reproduced": 2, "partial": 1, "no verdict": 2, "untestable": 1, "inconclusive": 1}
     card = StudyCard("Why?", verdicts={"untestable": 1, "no verdict": 2, "partial": 1, "reproduced": 2})
     assert card.verdict_line() == "2 reproduced, 1 partial, 2 no verdict, 1 untestable"
 

@@ -31,8 +31,9 @@ from nope_lightning.results.runkey import RunKey
 VERDICTS = ("reproduced", "partial", "not reproduced", "inconclusive", "no verdict", "untestable",
             "too few tasks learned", "not measured")
 
-#: A claims table's verdict cell, the row's last: the verdict in bold, then (*partial*) what it measured.
-VERDICT_CELL = re.compile(r"\| \*\*([^*|]+)\*\*(?:[:;][^|]*)? \|$")
+#: A claims table's verdict cell, the row's last: the verdict in bold, then (*partial*) what it measured, or (a claim
+#: judged on its new seeds) which seeds, in brackets.
+VERDICT_CELL = re.compile(r"\| \*\*([^*|]+)\*\*(?:[:;][^|]*| \([^|]*\))? \|$")
 
 
 @dataclass(frozen=True)
