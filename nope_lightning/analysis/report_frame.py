@@ -43,15 +43,16 @@ def study_name(pipelines: Sequence[tuple[str, str]]) -> str:
     return "_".join(shared) or pipelines[0][0]
 
 
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'s' * (count != 1)}"
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """``"1 task"``, ``"2 tasks"``; ``many`` where adding an s is wrong (``plural(2, "query", "queries")``)."""
+    return f"{count} {noun if count == 1 else many or noun + 's'}"
 
 
 def heading(pipelines: Sequence[tuple[str, str]]) -> str:
     """The title and one line on what was read; the run ids wait for the provenance section."""
     files = len(dict.fromkeys(name for name, _ in pipelines))
-    return (f"# Report: {study_name(pipelines)}\n\nRead from {_plural(len(pipelines), 'pipeline run')} "
-            f"of {_plural(files, 'experiment file')}; their names, run ids and sources are under "
+    return (f"# Report: {study_name(pipelines)}\n\nRead from {plural(len(pipelines), 'pipeline run')} "
+            f"of {plural(files, 'experiment file')}; their names, run ids and sources are under "
             "*Provenance*, at the end.")
 
 

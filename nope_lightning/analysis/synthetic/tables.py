@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from nope_lightning.analysis.markdown import MISSING, Footnotes, cell, markdown_table
+from nope_lightning.analysis.report_frame import plural
 from nope_lightning.analysis.rule_changes import exploratory_note
 from nope_lightning.analysis.synthetic.calibration import calibration_lines
 from nope_lightning.analysis.synthetic.cells import NONE, CellIndex, exact_match
@@ -130,7 +131,7 @@ def claims_table(outcomes: Sequence[SyntheticOutcome], seed_dates: Mapping[int |
                                   if t in below else "") for t in o.tasks) or "none"
         left = ", ".join(f"{t} {notes.mark(f'left out {t}: {why}')}" for t, why in o.left_out)
         tasks = compared + (f"; left out {left}" if left else "") if o.tasks or o.left_out else MISSING
-        rests = f"{_count(len(o.tasks), 'task', 'tasks')}, {_count(o.queries, 'query', 'queries')}" \
+        rests = f"{plural(len(o.tasks), 'task')}, {plural(o.queries, 'query', 'queries')}" \
             if o.tasks or o.left_out else MISSING
         judged = [_new_seeds_cell(o, new, fresh, show), leave_one_out_text(o.loto, o.verdict, show)]
         if o.by_task:
@@ -178,13 +179,9 @@ def claims_table(outcomes: Sequence[SyntheticOutcome], seed_dates: Mapping[int |
             + (f"\n\n{calibrated}" if calibrated else ""))
 
 
-def _count(n: int, one: str, many: str) -> str:
-    return f"{n} {one if n == 1 else many}"
-
-
 def _tally(n: int, word: str, test: str) -> str:
     """How many of a claim's tasks got ``word``: "2 helps"; the one-seed word reads "1 task on one seed"."""
-    return f"{_count(n, 'task', 'tasks')} on one seed" if word == WORDS[test][NO_SEED_VERDICT] else f"{n} {word}"
+    return f"{plural(n, 'task')} on one seed" if word == WORDS[test][NO_SEED_VERDICT] else f"{n} {word}"
 
 
 def _seeds(seeds: Sequence[int | None]) -> str:
