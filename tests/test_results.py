@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nope_lightning.config.synthetic import PAPER_PES
 from nope_lightning.results import (
     BucketAccuracy,
     ConvergedEntropy,
@@ -126,7 +127,7 @@ def test_a_bundle_keeps_every_result_at_its_place_and_reads_back(tmp_path):
     assert sorted(map(str, first)) == ["evaluate/nope-s1234-n_layer2.json.gz", "files/headscale-fig5.png",
                                        "headscale/nope-s2345.json.gz", "index.json", "pipeline-abc.yaml",
                                        "scale-search/nope_lambda_1.5-s1234.json.gz",
-                                       "synthetic-grid/grid-s7-taskcopy_repeat.json.gz"]
+                                       "synthetic-grid/grid-s7-taskcopy_repeat-penope.json.gz"]
     back = Bundle.read(folder)
     assert back.pipelines == bundle.pipelines and back.pretrains == bundle.pretrains
     assert [p.key for p in back.results] == keys and [p.name for p in back.results] == [p.name for p in results]
@@ -138,12 +139,14 @@ def test_a_bundle_keeps_every_result_at_its_place_and_reads_back(tmp_path):
 
 
 def test_a_grid_result_is_named_by_the_task_it_holds_so_a_joining_slice_renames_nothing(tmp_path):
-    """Seed slices of task files share method and seed (``grid``, 3): each is named by its (task, format), so a
-    slice that joins later leaves the others' names as they were; a matrix point that names the task already is
-    not repeated, and a grid of two tasks, or two slices of one task, are numbered."""
-    def grid(*cells: tuple[str, str]) -> SyntheticGridResult:
-        return SyntheticGridResult(**{**vars(GRID), "runs": [SyntheticCell(**{**vars(CELL), "task": task,
-                                                                               "scratchpad": fmt}) for task, fmt in cells]})
+    """Seed slices of task files share method and seed (``grid``, 3): each is named by its (task, format), and a
+    PE slice by its PEs too, so a slice that joins later leaves the others' names as they were; a matrix point
+    that names the task already is not repeated, and a grid of two tasks, or two slices alike in all of these, are
+    numbered."""
+    def grid(*cells: tuple[str, str], pes: tuple[str, ...] = PAPER_PES) -> SyntheticGridResult:
+        return SyntheticGridResult(**{**vars(GRID), "runs": [
+            SyntheticCell(**{**vars(CELL), "task": task, "scratchpad": fmt, "pos_encoding": pe})
+            for task, fmt in cells for pe in pes]})
 
     key, pointed = RunKey("grid", 3, (), "synthetic-grid", "grid"), RunKey("grid", 3, (("task", "copy"),), "synthetic-grid", "grid")
     held = [(key, grid(("reverse", "none"))), (key, grid(("parity", "full"))), (pointed, grid(("copy", "none"))),
@@ -156,6 +159,12 @@ def test_a_grid_result_is_named_by_the_task_it_holds_so_a_joining_slice_renames_
     assert names(held) == ["grid-s3-taskreverse.json.gz", "grid-s3-taskparity-scratchpadfull.json.gz",
                            "grid-s3-taskcopy.json.gz", "grid-s3.json.gz", "grid-s3-taskreverse-2.json.gz"]
     assert names([(key, grid(("copy_2x", "none"))), *held[:2]])[1:] == names(held[:2])
+    # PE slices of one (task, format, seed), in either join order: named by their PEs, in the order they ran
+    slices = [(key, grid(("sort_symbols", "full"), pes=("rope", "sinusoidal"))),
+              (key, grid(("sort_symbols", "full"), pes=("nope", "t5", "alibi")))]
+    assert names(slices) == ["grid-s3-tasksort_symbols-scratchpadfull-perope_sinusoidal.json.gz",
+                             "grid-s3-tasksort_symbols-scratchpadfull-penope_t5_alibi.json.gz"]
+    assert names(slices[::-1]) == names(slices)[::-1]
 
 
 def test_a_missing_newer_or_damaged_bundle_fails_in_one_line(tmp_path):

@@ -12,7 +12,8 @@ Layout (``VERSION`` 1)::
     index.json                  pipelines, configs, results (file, run name, tags), pretrains, files, and
                                 ``dates`` (pipeline run id -> the day it ran, ISO, UTC; absent in older bundles)
     pipeline-<run id>.yaml      each pipeline run's experiment file, as it logged it
-    <stage>/<method>-s<seed>[-<point>][-<label>].json.gz   (label: what the result holds, e.g. taskparity)
+    <stage>/<method>-s<seed>[-<point>][-<label>].json.gz   (label: what the result holds, e.g. taskparity,
+                                                         penope_t5 for a slice of two PEs)
     files/<name>                figures and notes copied from runs (``<method>-<name>`` in the report)
 
 Results are written with gzip's ``mtime=0``, so a report rewritten from the same runs leaves the same bytes.

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nope_lightning.config.synthetic import PAPER_PES
 from nope_lightning.results.core import ResultFile, int_keys
 from nope_lightning.synthetic.core import Example
 
@@ -192,12 +193,16 @@ class SyntheticGridResult(ResultFile):
 
     def label(self) -> tuple[tuple[str, str], ...]:
         """``(("task", t),)``, with ``("scratchpad", f)`` unless ``none``, when every cell is of one (task,
-        format), as a task file's seed slice is; nothing for a grid of several (its file name would list them)."""
+        format), as a task file's seed slice is (nothing for a grid of several: its file name would list them);
+        then ``("pe", "nope_t5")`` when its cells hold other PEs than the paper's five, as a PE slice of one seed
+        does, so that two slices of one (task, format, seed) are named by their PEs, not numbered by join order."""
         held = {(cell.task, cell.scratchpad) for cell in self.runs}
-        if len(held) != 1:
-            return ()
-        task, scratchpad = next(iter(held))
-        return (("task", task),) + ((("scratchpad", scratchpad),) if scratchpad != "none" else ())
+        task_label: tuple[tuple[str, str], ...] = ()
+        if len(held) == 1:
+            task, scratchpad = next(iter(held))
+            task_label = (("task", task),) + ((("scratchpad", scratchpad),) if scratchpad != "none" else ())
+        pes = list(dict.fromkeys(cell.pos_encoding for cell in self.runs))
+        return task_label + ((("pe", "_".join(pes)),) if pes and set(pes) != set(PAPER_PES) else ())
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> SyntheticGridResult:
