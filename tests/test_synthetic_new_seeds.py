@@ -86,6 +86,36 @@ def test_learned_and_the_id_column_read_the_id_test_split_and_say_so():
     assert "*t*" in table.split("#### Out of distribution")[0].split("| copy |")[1]
 
 
+def test_held_out_cells_under_the_floor_say_at_which_lengths_they_miss():
+    """Summation-like cells that miss only the one-summand bucket are told apart from a cell that misses
+    everywhere; each figure is the buckets' own (examples summed, exact match read off, others' minimum)."""
+    def held(pe: str, seed: int, accs: dict[str, tuple[int, float]], task: str = "summation") -> SyntheticCell:
+        buckets = [BucketAccuracy(b, "id", n, a) for b, (n, a) in accs.items()]
+        overall = sum(n * a for n, a in accs.values()) / sum(n for n, _ in accs.values())
+        return replace(make_cell(task, pe, seed, 0.5, id_acc=1.0), id_test_acc=overall, id_test_buckets=buckets)
+
+    one_summand = {"1": (42, 0.0), "2": (100, 1.0), "3": (100, 0.96), "4": (100, 1.0)}
+    cells = [held("sinusoidal", 3, one_summand), held("rope", 3, one_summand | {"1": (40, 0.0)}),
+             held("nope", 3, {"1": (40, 1.0), "2": (100, 1.0), "3": (100, 1.0), "4": (100, 1.0)}),  # above: absent
+             held("sinusoidal", 5, {str(n): (20, 0.1) for n in range(1, 21)}, task="copy"),
+             held("rope", 4, {"1": (10, 1.0), "2": (10, 0.5), "3": (10, 0.95), "4": (10, 0.2), "5": (10, 0.0)},
+                  task="reverse"),
+             replace(held("t5", 3, {str(n): (20, 0.0) for n in range(1, 21)}, task="copy"), scratchpad="full")]
+    table = learned_table(cells)
+    lines = table.splitlines()
+    start = lines.index("**Held-out ID below 0.9, by length** (the cells whose held-out ID test split reads below "
+                        "the floor, and the length buckets at which they do):")
+    # the paper's task order (copy, reverse, summation), Rotary s3 before APE s3 (the PE order); no full-format cell
+    assert lines[start + 2:] == [
+        "- copy: APE s5 0.10: below 0.9 at every length (1-20).",
+        "- reverse: Rotary s4 0.53: below 0.9 at lengths 2, 4-5 (30 of 50 examples, exact match 0.00-0.50); "
+        "every other length >= 0.95.",
+        "- summation: Rotary s3 0.87, APE s3 0.87: below 0.9 at length 1 (82 of 682 examples, exact match 0.00); "
+        "every other length >= 0.96."]
+    assert (round((100 + 96 + 100) / 340, 2), round((100 + 96 + 100) / 342, 2)) == (0.87, 0.87)  # Rotary, APE by hand
+    assert "Held-out ID below" not in learned_table(cells[2:3])
+
+
 # --- 2. new seeds -----------------------------------------------------------------------------------------------
 
 def six_seeds():

@@ -5,6 +5,8 @@ as learned, i.e. ``LEARNED_BY`` of the 5 PEs reach it (the goal a recipe is chos
 only; a task of the paper that has no cells is listed as not run, so a partial study says what it lacks. A cell's
 in-distribution number is its held-out ID test split's when it has one, else its validation split's
 (``SyntheticCell.id_score``); the table says which, and how each cell's training ended (stopping rule or step cap).
+Below it, the held-out cells under the floor say at which lengths they miss: a figure decided by one length's few
+problems reads otherwise than a task missed at every length.
 """
 
 from __future__ import annotations
@@ -52,7 +54,56 @@ def learned_table(cells: Iterable[SyntheticCell]) -> str:
                               "ended by the stopping rule", "seeds", "PEs >= floor", "verdict"], rows)
             + f"\n\n**{len(learned_tasks)} of the paper's {len(PAPER_TASKS)} tasks learned** by >= {LEARNED_BY} of the "
             f"{len(RANKED)} PEs" + (f" ({', '.join(learned_tasks)})" if learned_tasks else "")
-            + (f"; not run: {', '.join(missing)}." if missing else "."))
+            + (f"; not run: {', '.join(missing)}." if missing else ".") + held_out_misses(cells))
+
+
+def held_out_misses(cells: Iterable[SyntheticCell]) -> str:
+    """Where held-out ID exact match falls below ``ID_FLOOR``: per task (the paper's order), the cells without a
+    scratchpad whose held-out ID test split reads below it, grouped by the length buckets at which they do, with
+    those buckets' share of the examples and their exact match, and the lowest exact match at the other buckets.
+    Summation's one-summand bucket, for one, holds the two problems of its held-out split that training never
+    draws: a cell that misses only those reads 0.88 overall and >= 0.95 at every other length. '' when no
+    held-out cell is below the floor."""
+    low: dict[str, dict[tuple[str, ...], list[SyntheticCell]]] = {}
+    for c in cells:
+        if c.scratchpad == NONE and c.id_test_buckets and c.id_test_acc < ID_FLOOR:
+            failing = tuple(b.bucket for b in c.id_test_buckets if b.acc < ID_FLOOR)
+            low.setdefault(c.task, {}).setdefault(failing, []).append(c)
+    lines = []
+    for task in [t for t in PAPER_TASKS if t in low]:
+        for failing, group in low[task].items():
+            group = sorted(group, key=lambda c: (c.seed, RANKED.index(c.pos_encoding) if c.pos_encoding in RANKED
+                                                 else len(RANKED)))
+            named = ", ".join(f"{PAPER_NAMES.get(c.pos_encoding, c.pos_encoding)} s{c.seed} {c.id_test_acc:.2f}"
+                              for c in group)
+            buckets = [b for c in group for b in c.id_test_buckets]
+            missed = [b for b in buckets if b.bucket in failing]
+            others = [b.acc for b in buckets if b.bucket not in failing]
+            accs = sorted({round(b.acc, 2) for b in missed})
+            where = (f"below {ID_FLOOR:g} at every length ({_lengths(failing)})" if not others else
+                     f"below {ID_FLOOR:g} at {'length' if len(failing) == 1 else 'lengths'} {_lengths(failing)} "
+                     f"({sum(b.n for b in missed)} of {sum(b.n for b in buckets)} examples, exact match "
+                     + (f"{accs[0]:.2f}" if len(accs) == 1 else f"{accs[0]:.2f}-{accs[-1]:.2f}")
+                     + f"); every other length >= {min(others):.2f}")
+            lines.append(f"- {task}: {named}: {where}.")
+    if not lines:
+        return ""
+    return (f"\n\n**Held-out ID below {ID_FLOOR:g}, by length** (the cells whose held-out ID test split reads below "
+            f"the floor, and the length buckets at which they do):\n\n" + "\n".join(lines))
+
+
+def _lengths(buckets: tuple[str, ...]) -> str:
+    """'1', '7-20' or '4, 6-9' for integer length buckets (runs of consecutive lengths joined); other labels
+    (``"21-25"``) as they are, comma-separated."""
+    if not all(b.isdigit() for b in buckets):
+        return ", ".join(buckets)
+    runs: list[list[int]] = []
+    for n in sorted(map(int, buckets)):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _mean_cell(runs: list[SyntheticCell] | None) -> str:
