@@ -251,3 +251,19 @@ def test_a_pe_slice_of_a_scratchpad_file_plans_those_pes_cells_as_the_whole_file
     sliced = scratchpad_cells(path, ("seeds=[4]", "matrix.scratchpad=[full]", 'common=["pos_encodings=[t5,rope]"]'))
     assert [(c.scratchpad, c.pos_encoding, c.seed) for c in sliced] == [("full", "t5", 4), ("full", "rope", 4)]
     assert all(c == whole[c.scratchpad, c.pos_encoding, c.seed] for c in sliced)
+
+
+def test_the_cap_study_trains_the_six_missed_cells_again_at_twice_the_cap_and_the_race_rule_otherwise(race_cells):
+    """The exploratory cap study (experiments/synthetic_race_cap/): its three README slices plan exactly the six
+    (task, PE, seed) cells the race missed at its cap, each the race's cell but for a cap of 18,000 steps."""
+    path = REPO / "experiments/synthetic_race_cap/race_cap.yaml"
+    slices = [(), ('common=["tasks=[reverse_copy]", "pos_encodings=[t5,rope]"]',),
+              ("seeds=[4]", 'common=["tasks=[reverse]", "pos_encodings=[rope]"]')]
+    cells = [cell for overrides in slices for _, grid in grids(path, overrides) for cell in grid.cells()]
+    assert sorted((c.task, c.pos_encoding, c.seed) for c in cells) == sorted([
+        ("copy_2x", "sinusoidal", 5), ("reverse_2x", "sinusoidal", 5), ("reverse_copy", "sinusoidal", 5),
+        ("reverse_copy", "t5", 5), ("reverse_copy", "rope", 5), ("reverse", "rope", 4)])
+    for c in cells:
+        race = dataclasses.replace(race_cells[c.task, c.pos_encoding], seed=c.seed)
+        assert race.trainer.max_steps == 9000 and rule(c) == RULE
+        assert c == dataclasses.replace(race, trainer=dataclasses.replace(race.trainer, max_steps=18000))
