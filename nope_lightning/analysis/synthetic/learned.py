@@ -28,6 +28,7 @@ def learned_table(cells: Iterable[SyntheticCell]) -> str:
     come from, the steps the cells ended at and how many the stopping rule ended, the seeds, the PEs at or above
     ``ID_FLOOR`` and the verdict; then the count of learned tasks out of the paper's 17 and the tasks not run. ''
     without plain cells."""
+    cells = list(cells)  # read twice: here and by held_out_misses
     by_task: dict[str, dict[str, list[SyntheticCell]]] = {}
     for c in cells:
         if c.scratchpad == NONE:
