@@ -102,3 +102,10 @@ def test_the_seed_count_says_how_many_of_the_files_seeds_have_committed_results(
     (folder / "results/results/index.json").write_text(json.dumps({"results": entries}))
     study = read_study(folder)
     assert (study.seeds, study.reported_seeds, study.seed_count()) == ((1, 2, 3), (1, 2), "2 of 3")
+    # a slice that ran a seed no file lists ("seeds=[4]" on its command line): counted, never "4 of 3"
+    entries += [{"file": "x9", "run_name": "r", "tags": {"method": "nope", "seed": "4"}},
+                {"file": "x10", "run_name": "r", "tags": {"method": "nope", "seed": "3"}}]
+    (folder / "results/results/index.json").write_text(json.dumps({"results": entries}))
+    assert read_study(folder).seed_count() == "4"
+    (folder / "b.yaml").write_text("extends: a.yaml\nname: b\nseeds: [3, 5]\n")
+    assert read_study(folder).seed_count() == "4 of 5"

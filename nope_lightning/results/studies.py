@@ -123,11 +123,14 @@ class Study:
         return tuple(sorted({key.seed for key in keys if key.seed is not None}))
 
     def seed_count(self) -> str:
-        """``4 of 8`` while the committed results hold fewer seeds than the files run, else the count (— for none)."""
-        reported, planned = len(self.reported_seeds), len(self.seeds)
-        if self.status == "results + bundle" and reported != planned:
-            return f"{reported} of {planned}"
-        return str(planned or "—")
+        """``4 of 8`` while the committed results hold fewer seeds than the files run, else the count (— for none).
+        A seed the results hold counts as run even where no file lists it: a slice may name its own
+        (``"seeds=[4]"`` on the command line)."""
+        reported = set(self.reported_seeds)
+        planned = reported | set(self.seeds)
+        if self.status == "results + bundle" and len(reported) < len(planned):
+            return f"{len(reported)} of {len(planned)}"
+        return str(len(planned) or "—")
 
     @property
     def status(self) -> str:
