@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -99,6 +100,30 @@ def test_a_grid_killed_after_its_first_cell_resumes_without_retraining_it(tmp_pa
     assert client.get_run(parent).info.status == "FINISHED"
     assert len([r for r in after if synthetic_grid.GRID_TAG in r.data.tags]) == 1  # no second grid
     assert not kept.parent.exists()  # the kept weights are deleted once the analysis is stored
+
+
+def test_ctrl_c_in_a_cell_says_the_finished_cells_are_kept_and_which_cell_trains_again(tmp_path):
+    """Ctrl-C while a cell trains: exit 130, no traceback, one line naming the cell whose training starts again."""
+    track = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "artifacts"))
+    command = [sys.executable, "-m", "nope_lightning.cli", "run", "synthetic-grid", str(grid_file(tmp_path, track)),
+               "pos_encodings=[alibi]", "attention_examples_per_length=0",
+               "base.trainer.max_steps=100000"]  # still training when the signal lands
+    log = tmp_path / "stop.log"
+    with log.open("w") as stderr:
+        proc = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            wait_for(log, f"synthetic-grid {ALIBI}: training", proc, timeout=600)
+            time.sleep(2.0)  # into its training loop
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=60) == 130
+        finally:
+            proc.kill()
+    text = log.read_text()
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text
+    assert [line for line in text.splitlines() if line.startswith("nope-lightning: stopped")] == [
+        f"nope-lightning: stopped synthetic-grid; rerun the same command to resume — it keeps every finished cell; "
+        f"{ALIBI}, stopped in training, trains again from its start"]
 
 
 def tiny_grid(track_overrides: list[str], *more: str) -> SyntheticGridConfig:

@@ -35,7 +35,7 @@ from nope_lightning.config.parts import TrackingConfig, TrainerConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, SyntheticGridConfig
 from nope_lightning.model.gpt import GPT
 from nope_lightning.results.synthetic import SeedAttention, SyntheticCell, SyntheticGridResult, TaskAttention
-from nope_lightning.runtime import tracking
+from nope_lightning.runtime import stopping, tracking
 from nope_lightning.stages.synthetic import (
     SyntheticData,
     Trained,
@@ -149,6 +149,10 @@ def log_attention(grid: SyntheticGridConfig, parent: str, reports: dict[tuple[st
 
 # --- resume (module docstring) -------------------------------------------------------------------------
 
+#: What a rerun does with a grid stopped by a signal (``stopping.stop_line``); ``run_group`` names the cell in training.
+KEPT = "keeps every finished cell"
+
+
 def grid_line(line: str) -> None:
     print(f"synthetic-grid {line}", file=sys.stderr, flush=True)
 
@@ -246,9 +250,13 @@ def run_group(cfg: SyntheticGridConfig, grid: Grid, cells: list[SyntheticConfig]
             if analyse:
                 runs[cell.pos_encoding] = Trained(result, *load_model(cell, weights))
         else:
+            # A cell keeps no checkpoint (minutes on one thread): a stopped one trains again from step 0, which ends
+            # with the tables of a grid never stopped (test_synthetic_pipeline).
+            stopping.STATE.note = f"{KEPT}; {key}, stopped in training, trains again from its start"
             grid_line(f"{key}: training" + (f" again: the weights of run {run_id}, which the attention analysis "
                                              f"needs, are gone ({weights})" if run_id else ""))
             trained = train_and_evaluate(cell)
+            stopping.STATE.note = KEPT
             if analyse:
                 folder.mkdir(parents=True, exist_ok=True)
                 save_weights(trained.model, weights)
@@ -277,6 +285,7 @@ def run(cfg: SyntheticGridConfig) -> dict[str, Any]:
     cells = cfg.cells(grid.parent)
     done = sum(cell_key(cell) in grid.finished for cell in cells)
     grid_line(f"run {grid.parent}: {len(cells)} cells, {done} already finished")
+    stopping.STATE.note = KEPT
     try:
         results: list[SyntheticCell] = []
         reports: dict[tuple[str, int], synthetic_grid.AttentionReport] = {}
