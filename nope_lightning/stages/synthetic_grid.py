@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import load_file
 
 from nope_lightning.analysis.synthetic import grid as synthetic_grid
-from nope_lightning.config.parts import TrackingConfig, TrainerConfig
+from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, SyntheticGridConfig
 from nope_lightning.model.gpt import GPT
 from nope_lightning.results.synthetic import SeedAttention, SyntheticCell, SyntheticGridResult, TaskAttention
@@ -48,19 +48,15 @@ from nope_lightning.stages.synthetic import (
 GRID_TAG = "grid_hash"  # on the parent: the config's hash, by which running it again finds it
 CELL_TAG = "grid_cell"  # on a child, set last: ``cell_key``, once all the grid needs of the cell is stored
 ATTENTION_DIR = "attention_by_seed"  # the parent's folder of (task, seed) attention analyses
-
-
-def analysis_device(cfg: TrainerConfig) -> torch.device:
-    """Where the attention analysis runs: the GPU when the runs trained on one, else the CPU."""
-    gpu = cfg.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
-    return torch.device("cuda" if gpu else "cpu")
+KEPT = "keeps every finished cell"  # what a stopped grid's rerun does (``stopping.stop_line``)
 
 
 def analyse_cell(runs: dict[str, Trained], grid: SyntheticGridConfig,
                  previous: tuple[int, GPT] | None) -> synthetic_grid.AttentionReport:
     """Attention of every PE of one (task, seed) against its NoPE model, and the floor: ``previous`` (a seed and its
     NoPE model; None: no floor) against that NoPE model."""
-    device = analysis_device(grid.base.trainer)
+    gpu = grid.base.trainer.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()  # as the runs trained
+    device = torch.device("cuda" if gpu else "cpu")
     models = {pe: trained.model.to(device) for pe, trained in runs.items()}
     data = runs["nope"].data
     sequences = synthetic_grid.analysis_sequences(data.vocab, data.valid + data.test, grid.attention_examples_per_length,
@@ -148,10 +144,6 @@ def log_attention(grid: SyntheticGridConfig, parent: str, reports: dict[tuple[st
 
 
 # --- resume (module docstring) -------------------------------------------------------------------------
-
-#: What a rerun does with a grid stopped by a signal (``stopping.stop_line``); ``run_group`` names the cell in training.
-KEPT = "keeps every finished cell"
-
 
 def grid_line(line: str) -> None:
     print(f"synthetic-grid {line}", file=sys.stderr, flush=True)
@@ -250,8 +242,7 @@ def run_group(cfg: SyntheticGridConfig, grid: Grid, cells: list[SyntheticConfig]
             if analyse:
                 runs[cell.pos_encoding] = Trained(result, *load_model(cell, weights))
         else:
-            # A cell keeps no checkpoint (minutes on one thread): a stopped one trains again from step 0, which ends
-            # with the tables of a grid never stopped (test_synthetic_pipeline).
+            # a cell keeps no checkpoint: a stopped one trains again from step 0 (the tables of a grid never stopped)
             stopping.STATE.note = f"{KEPT}; {key}, stopped in training, trains again from its start"
             grid_line(f"{key}: training" + (f" again: the weights of run {run_id}, which the attention analysis "
                                              f"needs, are gone ({weights})" if run_id else ""))
