@@ -211,6 +211,7 @@ def _stopped(stage: str, cfg: Any) -> int:
         except Exception:  # noqa: BLE001 — a stop inside an import leaves MLflow half imported: the next run
             pass  # closes the runs of this (then dead) process as KILLED (tracking.close_dead_runs)
         note, out = stopping.STATE.note, stopping.STATE.out_dir
+        note = note() if callable(note) else note
         if not note and out is not None:
             from nope_lightning.training.trainer import resume_note
 

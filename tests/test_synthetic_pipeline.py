@@ -87,10 +87,10 @@ def test_a_grid_step_runs_nested_tagged_resumes_is_skipped_and_is_reused(tmp_pat
     # A crash while ALiBi trains, after NoPE's cell finished: the pipeline stops there, as a killed one would.
     train = synthetic_grid.train_and_evaluate
 
-    def crash_on_alibi(cell):
+    def crash_on_alibi(cell, checkpoints):
         if cell.pos_encoding == "alibi":
             raise RuntimeError("crashed while training ALiBi")
-        return train(cell)
+        return train(cell, checkpoints)
 
     monkeypatch.setattr(synthetic_grid, "train_and_evaluate", crash_on_alibi)
     with pytest.raises(RuntimeError, match="crashed while training ALiBi"):

@@ -4,6 +4,7 @@ grid by (``config_hash``) and the attention analysis it stores per (task, seed).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -102,28 +103,53 @@ def test_a_grid_killed_after_its_first_cell_resumes_without_retraining_it(tmp_pa
     assert not kept.parent.exists()  # the kept weights are deleted once the analysis is stored
 
 
-def test_ctrl_c_in_a_cell_says_the_finished_cells_are_kept_and_which_cell_trains_again(tmp_path):
-    """Ctrl-C while a cell trains: exit 130, no traceback, one line naming the cell whose training starts again."""
+def test_ctrl_c_in_a_cell_resumes_it_from_its_checkpoint_to_the_tables_of_a_grid_never_stopped(tmp_path):
+    """Ctrl-C while a cell trains, after its first checkpoint: exit 130, no traceback, one line naming the cell and the
+    step it resumes from; the same command again resumes it there and ends with the results of a grid never stopped."""
     track = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "artifacts"))
+    recipe = ["pos_encodings=[alibi]", "attention_examples_per_length=0", "base.trainer.max_steps=100",
+              "base.trainer.val_every_n_steps=25", "base.optim.lr=1e-2"]
     command = [sys.executable, "-m", "nope_lightning.cli", "run", "synthetic-grid", str(grid_file(tmp_path, track)),
-               "pos_encodings=[alibi]", "attention_examples_per_length=0",
-               "base.trainer.max_steps=100000"]  # still training when the signal lands
+               *recipe]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log = tmp_path / "stop.log"
     with log.open("w") as stderr:
-        proc = subprocess.Popen(command, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                stdout=subprocess.DEVNULL, stderr=stderr)
+        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
         try:
-            wait_for(log, f"synthetic-grid {ALIBI}: training", proc, timeout=600)
-            time.sleep(2.0)  # into its training loop
+            deadline = time.monotonic() + 300
+            while not list(tmp_path.glob("checkpoints/synthetic-grid/*/copy_repeat_s0_alibi_training/checkpoints/*")):
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.05)
             proc.send_signal(signal.SIGINT)
             assert proc.wait(timeout=60) == 130
         finally:
             proc.kill()
     text = log.read_text()
     assert "Traceback" not in text and "KeyboardInterrupt" not in text
-    assert [line for line in text.splitlines() if line.startswith("nope-lightning: stopped")] == [
-        f"nope-lightning: stopped synthetic-grid; rerun the same command to resume — it keeps every finished cell; "
-        f"{ALIBI}, stopped in training, trains again from its start"]
+    (line,) = [line for line in text.splitlines() if line.startswith("nope-lightning: stopped")]
+    prefix = (f"nope-lightning: stopped synthetic-grid; rerun the same command to resume — it keeps every finished "
+              f"cell; {ALIBI}, stopped in training, resumes from its checkpoint at step ")
+    assert line.startswith(prefix), line
+    step = int(line.removeprefix(prefix))
+    assert 25 <= step < 100 and step % 25 == 0
+
+    rerun = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"synthetic synthetic-copy_repeat-alibi-s0: resumes from its checkpoint at step {step}" in rerun.stderr
+    resumed = SyntheticGridResult.from_dict(json.loads(rerun.stdout))
+    assert not list(tmp_path.glob("checkpoints/synthetic-grid/*"))  # the cell's checkpoints went with it
+
+    other = tmp_path / "never_stopped"
+    other.mkdir()
+    track = TrackingConfig(uri=f"sqlite:///{other}/mlflow.db", artifact_root=str(other / "artifacts"))
+    command[5] = str(grid_file(other, track))
+    plain = subprocess.run(command, cwd=other, env=env, capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    never_stopped = SyntheticGridResult.from_dict(json.loads(plain.stdout))
+    assert (resumed.mrr, resumed.ood, resumed.tables) == (never_stopped.mrr, never_stopped.ood, never_stopped.tables)
+    timeless = [dataclasses.replace(r, run_id="", train_seconds=0.0, eval_seconds=0.0)
+                for r in (*resumed.runs, *never_stopped.runs)]
+    assert timeless[0] == timeless[1] and timeless[0].best_step > 25  # selection past the first validation
 
 
 def tiny_grid(track_overrides: list[str], *more: str) -> SyntheticGridConfig:

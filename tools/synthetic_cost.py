@@ -41,8 +41,8 @@ import numpy as np
 from nope_lightning.config.core import load_config
 from nope_lightning.config.parts import ModelConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, SyntheticGridConfig, sequence_tokens
+from nope_lightning.data.synthetic_batches import SyntheticData
 from nope_lightning.model.gpt import litgpt_config, non_embedding_parameters
-from nope_lightning.stages.synthetic import SyntheticData
 from nope_lightning.synthetic import Example, Vocabulary
 
 GRID = Path(__file__).resolve().parents[1] / "conf/synthetic-grid/paper.yaml"

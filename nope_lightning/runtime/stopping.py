@@ -15,7 +15,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,13 +36,14 @@ class Stopped(SystemExit):
 
 @dataclass
 class StopState:
-    """What this process knows of its stop: the signals it received, in order, and what the stop line says."""
+    """What this process knows of its stop: the signals it received, in order, and what the stop line says
+    (``note``: the sentence, or what makes it when the stop comes, e.g. from the newest checkpoint's step)."""
 
     signals: list[int]
     first_at: float = 0.0
     at: str = ""
     out_dir: Path | None = None
-    note: str = ""
+    note: str | Callable[[], str] = ""
 
 
 STATE = StopState(signals=[])

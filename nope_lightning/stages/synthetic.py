@@ -26,7 +26,6 @@ stage (``synthetic_grid.py``) runs ``train_and_evaluate`` per (task, PE, seed).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import tempfile
 import time
 from collections.abc import Sequence
@@ -35,72 +34,32 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from lightning.pytorch import LightningDataModule, seed_everything
+from lightning.pytorch import seed_everything
 from safetensors.torch import save_file
-from torch.utils.data import DataLoader
 from torchmetrics import MeanMetric
 
 from nope_lightning.analysis.synthetic import grid as synthetic_grid
 from nope_lightning.config.parts import ModelConfig
-from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, sequence_tokens
-from nope_lightning.data.synthetic_batches import CurriculumBatches, pad_batch
+from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig
+from nope_lightning.data.synthetic_batches import SyntheticData
 from nope_lightning.eval.generate import greedy_decode
 from nope_lightning.eval.synthetic_scoring import bucket_accuracies, log_id_test, score
 from nope_lightning.model.gpt import GPT, count_parameters
 from nope_lightning.results.synthetic import Failure, SyntheticCell, problems_digest
 from nope_lightning.runtime import tracking
-from nope_lightning.synthetic import Example, Vocabulary, make_split
+from nope_lightning.synthetic import Example, Vocabulary
 from nope_lightning.training.module import CausalLM, lm_loss
 from nope_lightning.training.stopping_rule import stop_metrics, stopping_callbacks
-from nope_lightning.training.trainer import build_trainer, check_strategy
+from nope_lightning.training.trainer import (
+    build_trainer,
+    check_strategy,
+    resumable_fit,
+    validation_checkpoint,
+)
 
 N_ERRORS = 5  # wrong OOD predictions kept in results.json, for a look at how a model fails
 
 # --- data ---------------------------------------------------------------------------------------------
-
-
-class SyntheticData(LightningDataModule):
-    """One task's splits (deterministic in ``cfg.seed``) and vocabulary.
-
-    Training batches are ``pad_batch`` tensors; evaluation batches are indices (B,) into ``valid``
-    (validation) or ``evaluation`` (test: valid + test sorted by size, so a batch pads little; then ``id_test``,
-    the held-out ID split, by a second loader when it has examples), which the module decodes — examples are
-    frozen dataclasses, which Lightning cannot move between devices.
-    """
-
-    def __init__(self, cfg: SyntheticConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.vocab = Vocabulary.for_task(cfg.task)
-        split = functools.partial(make_split, cfg.task, seed=cfg.seed, scratchpad=cfg.scratchpad,
-                                  train_max_len=cfg.max_lens[0], test_max_len=cfg.max_lens[1])
-        self.train = split("train", n=cfg.n_train)
-        self.valid = split("valid", n=cfg.n_valid)
-        self.test = split("test", n=cfg.n_test)
-        self.id_test = split("id_test", n=cfg.n_id_test, avoid=self.valid) if cfg.n_id_test else []
-        self.encoded = [self.vocab.encode(example) for example in self.train]
-        self.evaluation = sorted(self.valid + self.test, key=lambda e: len(e.prompt) + len(e.target))
-
-    def longest_sequence(self, examples: Sequence[Example]) -> int:
-        """Tokens of the longest ``<bos> prompt <sep> target <eos>`` among ``examples``."""
-        return max(map(sequence_tokens, examples))
-
-    def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.cfg.seed)
-        collate = functools.partial(pad_batch, pad_id=self.vocab.pad_id)
-        if self.cfg.curriculum_steps:
-            batches = CurriculumBatches([e.length for e in self.train], self.cfg.batch_size,
-                                        self.cfg.trainer.max_steps, self.cfg.curriculum_steps, generator)
-            return DataLoader(self.encoded, batch_sampler=batches, collate_fn=collate)
-        return DataLoader(self.encoded, batch_size=self.cfg.batch_size, shuffle=True, generator=generator,
-                          collate_fn=collate)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(range(len(self.valid)), batch_size=self.cfg.eval.batch_size)
-
-    def test_dataloader(self) -> list[DataLoader]:
-        return [DataLoader(range(len(split)), batch_size=self.cfg.eval.batch_size)
-                for split in (self.evaluation, self.id_test) if split]
 
 
 def check_fits(data: SyntheticData, model: ModelConfig, extra_new_tokens: int) -> None:
@@ -119,7 +78,9 @@ class SyntheticLM(CausalLM):
 
     ``best_state`` holds a CPU copy of the weights with the best validation exact match (strictly
     better only, so the earliest of equal ones); ``predictions[k]`` maps indices into the k-th test loader's
-    split (``evaluation``, ``id_test``) to ids generated in ``trainer.test``.
+    split (``evaluation``, ``id_test``) to ids generated in ``trainer.test``. A checkpoint carries the best
+    weights, their score and step, and the seconds trained so far (``trained_s``), so a resumed run selects as
+    an uninterrupted one would and reports its whole training time.
     """
 
     def __init__(self, model: GPT, cfg: SyntheticConfig, data: SyntheticData) -> None:
@@ -130,6 +91,21 @@ class SyntheticLM(CausalLM):
         self.best_acc, self.best_step = -1.0, 0
         self.best_state: dict[str, torch.Tensor] | None = None
         self.predictions: tuple[dict[int, list[int]], ...] = ({}, {})
+        self.trained_s, self.fit_started = 0.0, time.perf_counter()
+
+    def on_train_start(self) -> None:
+        self.fit_started = time.perf_counter()
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        trained_s = self.trained_s + time.perf_counter() - self.fit_started
+        checkpoint["synthetic"] = {"best_acc": self.best_acc, "best_step": self.best_step,
+                                   "best_state": self.best_state, "trained_s": trained_s}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        saved = checkpoint["synthetic"]
+        self.best_acc, self.best_step, self.best_state = saved["best_acc"], saved["best_step"], saved["best_state"]
+        self.trained_s = saved["trained_s"]
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         ids, labels = batch
@@ -200,21 +176,31 @@ def save_weights(model: GPT, path: Path) -> None:
     save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(path))
 
 
-def train_and_evaluate(cfg: SyntheticConfig) -> Trained:
-    """Train, select on ID validation, decode ID + OOD, log everything to a new MLflow run."""
+def train_and_evaluate(cfg: SyntheticConfig, checkpoints: Path | None = None) -> Trained:
+    """Train, select on ID validation, decode ID + OOD, log everything to a new MLflow run. With ``checkpoints``
+    (a folder) it trains as pretraining does (``training.trainer.resumable_fit``), with a checkpoint after every
+    validation (``validation_checkpoint``), from which the same call after a stop continues in the same MLflow run,
+    with the same batches, selection and stopping-rule state (``ResumedBatches``, ``SyntheticLM``,
+    ``HeldThreshold``): it ends with the results of a run never stopped, having lost at most one validation
+    interval of training."""
     check_strategy(cfg.trainer)
     data = SyntheticData(cfg)
     check_fits(data, cfg.model, cfg.eval.extra_new_tokens)
     model = build_model(cfg, data)
     module = SyntheticLM(model, cfg, data)
-    logger = tracking.lightning_logger(cfg.tracking, "synthetic", cfg.run_name)
-    tracking.log_config(cfg.tracking, logger.run_id, cfg)
     callbacks = stopping_callbacks("val/id_acc", cfg.stop_at, cfg.stop_patience)
-    trainer = build_trainer(cfg.trainer, logger=logger, callbacks=callbacks, grad_clip=cfg.optim.grad_clip,
-                            enable_checkpointing=False)
-
-    started = time.perf_counter()
-    trainer.fit(module, datamodule=data)
+    if checkpoints is None:
+        logger = tracking.lightning_logger(cfg.tracking, "synthetic", cfg.run_name)
+        tracking.log_config(cfg.tracking, logger.run_id, cfg)
+        trainer = build_trainer(cfg.trainer, logger=logger, callbacks=callbacks, grad_clip=cfg.optim.grad_clip,
+                                enable_checkpointing=False)
+        trainer.fit(module, datamodule=data)
+    else:
+        keys = tuple(f.name for f in dataclasses.fields(cfg) if f.name != "tracking")
+        with resumable_fit(checkpoints, cfg, keys) as resumable:
+            trainer = resumable.fit(module, data, stage="synthetic", name=cfg.run_name,
+                                    max_steps=cfg.trainer.max_steps, metrics=lambda _: {}, callbacks=callbacks,
+                                    checkpoints=[validation_checkpoint(checkpoints)])
     trained = time.perf_counter()
     module.restore_best()
     trainer.test(module, datamodule=data, verbose=False)
@@ -224,20 +210,21 @@ def train_and_evaluate(cfg: SyntheticConfig) -> Trained:
     correct = score(data.vocab, data.evaluation, generated)
     ood = [e.length > cfg.train_max for e in data.evaluation]
     by_example = dict(zip(map(id, data.evaluation), correct, strict=True))  # by identity: unhashable
+    run_id, train_s = trainer.logger.run_id, round(module.trained_s + trained - module.fit_started, 1)
     result = SyntheticCell(
-        logger.run_id, cfg.task, cfg.pos_encoding, cfg.seed, cfg.scratchpad, cfg.train_max,
+        run_id, cfg.task, cfg.pos_encoding, cfg.seed, cfg.scratchpad, cfg.train_max,
         max(e.length for e in data.test), float(np.mean([ok for ok, o in zip(correct, ood, strict=True) if not o])),
         float(np.mean([ok for ok, o in zip(correct, ood, strict=True) if o])), module.best_acc, module.best_step,
-        trainer.global_step, round(trained - started, 1), round(evaluated - trained, 1), count_parameters(model),
+        trainer.global_step, train_s, round(evaluated - trained, 1), count_parameters(model),
         bucket_accuracies(data.evaluation, correct, cfg.train_max, cfg.eval.bucket_width),
         failures(data.vocab, data.evaluation, generated, correct, cfg.train_max),
         tuple(by_example[id(e)] for e in data.test), problems_digest(data.test))
     stopped = stop_metrics(trainer, callbacks)
-    tracking.log_metrics(cfg.tracking, logger.run_id, stopped, step=trainer.global_step)
+    tracking.log_metrics(cfg.tracking, run_id, stopped, step=trainer.global_step)
     if cfg.stop_at:  # a cell trained without the rule keeps its results.json as before
         result = dataclasses.replace(result, stopped_by_rule=bool(stopped["stop/rule_met"]))
     if data.id_test:
-        acc, buckets = log_id_test(cfg.tracking, logger.run_id, metric_prefix(cfg.task, cfg.pos_encoding), data.vocab,
+        acc, buckets = log_id_test(cfg.tracking, run_id, metric_prefix(cfg.task, cfg.pos_encoding), data.vocab,
                                    data.id_test, [module.predictions[1][i] for i in range(len(data.id_test))],
                                    cfg.eval.bucket_width, trainer.global_step)
         result = dataclasses.replace(result, id_test_acc=acc, id_test_buckets=buckets)

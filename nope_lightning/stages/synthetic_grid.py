@@ -7,13 +7,13 @@ reciprocal rank over (task, seed) with ties averaged, per-length curves per task
 
 Resume: the same command again (the same resolved config, whose ``config_hash`` tags the parent) continues that
 config's newest parent, killed, failed or finished, training only the cells not finished (stderr names those reused).
-A cell is finished once its child run has the ``grid_cell`` tag, set last, after its ``results.json`` and kept
-weights: one write, so a cell killed before it is trained again and one killed after it never is (the run's status
-cannot tell: Lightning marks it FINISHED when ``fit`` ends, before the test; and a local result file would be a
-second record of what the store holds). A (task, seed)'s attention analysis, which needs all its models and the previous
-seed's NoPE (the floor), is stored on the parent (``attention_by_seed/<task>_s<seed>.json``); until then its finished
-cells' weights, and its NoPE's until the next seed's, are kept under ``mlruns/checkpoints/synthetic-grid/<parent run>/``
-(beside the artifact root; ``log_model`` may be off).
+A cell is finished once its child run has the ``grid_cell`` tag, set last, after its ``results.json`` and kept weights
+(not the run's status: Lightning marks it FINISHED when ``fit`` ends, before the test). A cell stopped in training
+resumes from the checkpoint of its last validation and ends as if never stopped (``train_and_evaluate``). A (task,
+seed)'s attention analysis, which needs all its models and the previous seed's NoPE (the floor), is stored on the
+parent (``attention_by_seed/<task>_s<seed>.json``); until then its cells' weights, its NoPE's until the next seed's,
+and a training cell's checkpoints (``<task>_s<seed>_<pe>_training/``) are kept in
+``mlruns/checkpoints/synthetic-grid/<parent run>/`` (beside the artifact root; ``log_model`` may be off).
 """
 
 from __future__ import annotations
@@ -33,17 +33,18 @@ from safetensors.torch import load_file
 from nope_lightning.analysis.synthetic import grid as synthetic_grid
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, SyntheticGridConfig
+from nope_lightning.data.synthetic_batches import SyntheticData
 from nope_lightning.model.gpt import GPT
 from nope_lightning.results.synthetic import SeedAttention, SyntheticCell, SyntheticGridResult, TaskAttention
 from nope_lightning.runtime import stopping, tracking
 from nope_lightning.stages.synthetic import (
-    SyntheticData,
     Trained,
     build_model,
     metric_prefix,
     save_weights,
     train_and_evaluate,
 )
+from nope_lightning.training.trainer import resume_note
 
 GRID_TAG = "grid_hash"  # on the parent: the config's hash, by which running it again finds it
 CELL_TAG = "grid_cell"  # on a child, set last: ``cell_key``, once all the grid needs of the cell is stored
@@ -185,10 +186,8 @@ def open_grid(cfg: SyntheticGridConfig) -> Grid:
     tracking.claim_run(track, parent)
     children = client.search_runs([experiment], f"tags.`{tracking.PARENT_TAG}` = '{parent}'",
                                   order_by=["attributes.start_time DESC"], max_results=50_000)  # MLflow's most
-    finished: dict[str, str] = {}
-    for child in children:  # newest first: a cell trained again (its kept weights were lost) is its newest run
-        if CELL_TAG in child.data.tags:
-            finished.setdefault(child.data.tags[CELL_TAG], child.info.run_id)
+    # oldest first, so that a cell trained again (its kept weights were lost) maps to its newest run
+    finished = {c.data.tags[CELL_TAG]: c.info.run_id for c in reversed(children) if CELL_TAG in c.data.tags}
     return Grid(parent, finished, {Path(a.path).stem for a in client.list_artifacts(parent, ATTENTION_DIR)})
 
 
@@ -199,8 +198,7 @@ def kept_weights(cfg: SyntheticGridConfig, parent: str) -> Path:
 
 def load_model(cell: SyntheticConfig, weights: Path) -> tuple[GPT, SyntheticData]:
     """A finished cell's model again, from its kept weights, and its regenerated data."""
-    data = SyntheticData(cell)
-    model = build_model(cell, data)
+    model = build_model(cell, data := SyntheticData(cell))
     model.load_state_dict(load_file(str(weights)))
     return model, data
 
@@ -242,17 +240,18 @@ def run_group(cfg: SyntheticGridConfig, grid: Grid, cells: list[SyntheticConfig]
             if analyse:
                 runs[cell.pos_encoding] = Trained(result, *load_model(cell, weights))
         else:
-            # a cell keeps no checkpoint: a stopped one trains again from step 0 (the tables of a grid never stopped)
-            stopping.STATE.note = f"{KEPT}; {key}, stopped in training, trains again from its start"
+            out = kept_weights(cfg, grid.parent) / f"{group_name(cell.task, cell.seed)}_{cell.pos_encoding}_training"
+            stopping.STATE.note = lambda out=out, key=key: f"{KEPT}; {key}, stopped in training, {resume_note(out)}"
             grid_line(f"{key}: training" + (f" again: the weights of run {run_id}, which the attention analysis "
                                              f"needs, are gone ({weights})" if run_id else ""))
-            trained = train_and_evaluate(cell)
+            trained = train_and_evaluate(cell, out)
             stopping.STATE.note = KEPT
             if analyse:
                 folder.mkdir(parents=True, exist_ok=True)
                 save_weights(trained.model, weights)
                 runs[cell.pos_encoding] = trained
             tracking.client(track).set_tag(trained.result.run_id, CELL_TAG, key)
+            shutil.rmtree(out)
             result = trained.result
         results.append(result)
     return results, runs

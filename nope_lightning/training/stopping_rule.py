@@ -33,6 +33,12 @@ class HeldThreshold(EarlyStopping):
         return True, (f"{self.monitor} >= {self.stopping_threshold} at {self.wait_count} validations in a row: "
                       "stopping")
 
+    def on_train_start(self, trainer: Trainer, pl_module: Any) -> None:
+        # Resumed from the checkpoint of the validation that met the rule (stopped after it, in testing): the run is
+        # over, as it was then; without this it would train on to the next validation.
+        if self.met:
+            trainer.should_stop = True
+
     @property
     def met(self) -> bool:
         """Whether the rule ended the training (False: it ran to the cap)."""

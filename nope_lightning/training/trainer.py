@@ -190,14 +190,16 @@ class ResumableFit:
     run_id: str | None
 
     def fit(self, module: LightningModule, data: LightningDataModule, *, stage: str, name: str, max_steps: int,
-            metrics: Callable[[Trainer], dict[str, float]], callbacks: Sequence[Callback] = ()) -> Trainer:
+            metrics: Callable[[Trainer], dict[str, float]], callbacks: Sequence[Callback] = (),
+            checkpoints: Sequence[ModelCheckpoint] | None = None) -> Trainer:
         """Fit ``module`` on ``data`` for ``max_steps`` optimizer steps, from ``checkpoint`` when there is one;
         returns the trainer (``trainer.logger.run_id``: the MLflow run, tagged ``stage``, named ``name``).
 
         Global rank 0 first records ``out``'s config and run id and, in a new run, logs the config and
         ``metrics(trainer)`` (a resumed run logged them when it started). ``callbacks`` go before the
-        checkpoint callback (e.g. Optuna's pruner). A module whose checkpoints hold only part of its state
-        sets ``strict_loading = False``.
+        checkpoint callbacks (e.g. Optuna's pruner), which are ``checkpoint_callbacks``'s unless ``checkpoints``
+        names others (``validation_checkpoint``). A module whose checkpoints hold only part of its state sets
+        ``strict_loading = False``.
         """
         cfg = self.cfg
         if rank_zero_only.rank == 0 and (self.checkpoint or self.run_id):  # a rerun says what it continues
@@ -206,7 +208,7 @@ class ResumableFit:
             print(f"{stage} {name}: {what}" + (f" (MLflow run {self.run_id})" if self.run_id else ""),
                   file=sys.stderr, flush=True)
         logger = tracking.lightning_logger(cfg.tracking, stage, name, self.run_id)
-        checkpoints = checkpoint_callbacks(self.out, cfg.trainer, max_steps)
+        checkpoints = checkpoint_callbacks(self.out, cfg.trainer, max_steps) if checkpoints is None else checkpoints
         trainer = build_trainer(cfg.trainer, logger=logger, callbacks=[*callbacks, *checkpoints],
                                 default_root_dir=str(self.out), grad_clip=cfg.optim.grad_clip, max_steps=max_steps,
                                 batch_tokens=data.batch_size * data.seq_len)
@@ -343,6 +345,17 @@ class OutDirCheckpoint(ModelCheckpoint):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
             super().setup(trainer, pl_module, stage)
+
+
+def validation_checkpoint(out: Path) -> ModelCheckpoint:
+    """``out/checkpoints/last.ckpt`` after every validation, and only then: for a run whose validations decide what
+    it keeps or when it stops (the synthetic stage's best weights and stopping rule). A checkpoint written at a
+    validation's step but before it (``checkpoint_callbacks``'s, by steps or time) resumes past that validation,
+    which Lightning counts as done, so the resumed run would never see it."""
+    # One file, the newest, named as check_resumable looks for it (Lightning writes ``save_last``'s only beside a
+    # top-k one).
+    return OutDirCheckpoint(dirpath=out / "checkpoints", filename="last", save_top_k=1, save_on_train_epoch_end=False,
+                            enable_version_counter=False)
 
 
 def checkpoint_callbacks(out: Path, cfg: TrainerConfig, max_steps: int) -> list[ModelCheckpoint]:
