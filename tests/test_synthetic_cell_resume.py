@@ -9,6 +9,7 @@ grid's real Ctrl-C and rerun are in ``test_synthetic_resume``.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from pathlib import Path
 
 import pytest
@@ -105,7 +106,10 @@ def test_a_cell_stopped_in_training_resumes_to_the_results_of_a_cell_never_stopp
         pass
     resumed_at = checkpoint_step(out / "checkpoints" / "last.ckpt")
     assert resumed_at == min(stop_after // 4 * 4, 48)
-    trained, record = run(cfg, monkeypatch, out)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trained, record = run(cfg, monkeypatch, out)
+    assert not [w for w in caught if "resuming from a checkpoint" in str(w.message)]  # it is exact: no warning
     expected, batches = never_stopped
     assert outcome(cfg, trained) == expected
     assert record.batches == {step: h for step, h in batches.items() if step >= resumed_at}
