@@ -327,6 +327,19 @@ def test_the_pre_registered_claims_await_seeds_3_to_5_and_judge_only_them():
     assert row_of(unmeasured, "scratchpad_format_matters")[9] == "**not measured** on seeds 3, 4, 5"
 
 
+
+def test_a_report_pooling_earlier_seeds_still_judges_the_pre_registered_claims_on_their_seeds_alone():
+    """Seeds 0-2 rerun in the race hold no scratchpad cells: pooled with seeds 3-5, the claims read 3-5 as before,
+    rather than finding every task incomplete (not measured)."""
+    new = formats(lambda t, s: 0.3 + 0.01 * s if t == "addition" else -0.01 * s, lambda t, s: 0.2 + 0.01 * s)
+    pooled = verdicts(grid(lambda t, pe, s: 0.4, SCRATCH, (0, 1, 2)) + new)
+    for alone, together in zip(verdicts(new), pooled, strict=True):
+        assert together.seeds == (3, 4, 5) and together.verdict == alone.verdict == "reproduced"
+        assert [e.across for e in together.by_task] == [e.across for e in alone.by_task]
+    table = claims_table(pooled, DATES)
+    assert row_of(table, "scratchpad_not_always_helpful")[3].startswith("addition +0.340 [")  # measured, not missing
+    assert row_of(table, "scratchpad_not_always_helpful")[9] == "as pooled: all 3 seeds ran after the rule"
+
 # --- 7. the race recipe's dated rule ------------------------------------------------------------------------------
 
 def test_the_race_recipe_is_a_dated_rule_of_the_pe_claims_only():

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -267,3 +269,35 @@ def test_the_cap_study_trains_the_six_missed_cells_again_at_twice_the_cap_and_th
         race = dataclasses.replace(race_cells[c.task, c.pos_encoding], seed=c.seed)
         assert race.trainer.max_steps == 9000 and rule(c) == RULE
         assert c == dataclasses.replace(race, trainer=dataclasses.replace(race.trainer, max_steps=18000))
+
+
+POOLED, NEW_REPORT = REPO / "experiments/synthetic_race/all_seeds", REPO / "experiments/synthetic_race/results"
+
+
+def claim_rows(report: Path) -> dict[str, list[str]]:
+    """The claims table of a committed report: claim text -> its cells."""
+    text = (report / "report.md").read_text()
+    table = text[text.index("| claim | rule |"):].split("\n\n")[0].splitlines()[2:]
+    return {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split(" | ")] for line in table)}
+
+
+def test_the_pooled_report_holds_the_new_seed_report_whole_and_judges_its_new_seeds_as_that_report_does():
+    """all_seeds/ pools seeds 0-2's slices with results/'s: its bundle holds every run and result file of results/'s,
+    byte for byte (a pooled report made again from its own bundle reads the same new-seed cells), and every claim's
+    *new seeds only* cell there gives the verdict results/ gives it (for a pre-registered claim, which reads seeds 3-5
+    alone in both, its own verdict)."""
+    new, pooled = (json.loads((r / "results/index.json").read_text()) for r in (NEW_REPORT, POOLED))
+    assert {tuple(p) for p in new["pipelines"]} < {tuple(p) for p in pooled["pipelines"]}
+    for entry in new["results"]:
+        assert (POOLED / "results" / entry["file"]).read_bytes() == (NEW_REPORT / "results" / entry["file"]).read_bytes()
+    seeds = {int(e["tags"]["seed"]) for e in pooled["results"]}
+    assert seeds - {int(e["tags"]["seed"]) for e in new["results"]} <= set(OLD_SEEDS) and seeds >= set(NEW_SEEDS)
+    judged, pooled_rows = claim_rows(NEW_REPORT), claim_rows(POOLED)
+    assert judged.keys() == pooled_rows.keys()
+    for claim, cells in pooled_rows.items():
+        verdict = judged[claim][-1].split("**")[1]
+        fresh = cells[-3]
+        if fresh.startswith("as pooled"):  # every seed it read is new: its verdict is the new seeds'
+            assert cells[-1].split("**")[1] == verdict, claim
+        else:
+            assert fresh.startswith(f"**{verdict}** on seeds 3, 4, 5"), claim

@@ -16,8 +16,8 @@ bootstraps the task's test examples, paired across its cells. Three claims:
   run in both (no ID filter: a format that keeps a task from being learned is an impact of the format); reproduced
   when some task's interval excludes 0, not reproduced when every task's lies within +-``EM_EFFECT``.
 
-The two pre-registered claims are judged on the seeds run after their rule only (``SyntheticClaim.awaits``; the
-claims table asks ``SyntheticOutcome.rejudge``).
+The two pre-registered claims are judged on the seeds run after their rule only (``SyntheticClaim.awaits``: a
+report pooling earlier seeds with them still reads those alone; the claims table asks ``SyntheticOutcome.rejudge``).
 """
 
 from __future__ import annotations

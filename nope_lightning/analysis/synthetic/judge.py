@@ -22,14 +22,18 @@ from nope_lightning.results.synthetic import SyntheticCell
 def evaluate_claims(cells: Iterable[SyntheticCell], resamples: int = CLAIM_RESAMPLES,
                     claims: Sequence[SyntheticClaim] = SYNTHETIC_CLAIMS) -> list[SyntheticOutcome]:
     """Each claim's outcome on ``cells`` (one or more grids'), its bootstraps of at least ``CLAIM_RESAMPLES``
-    resamples; a claim whose cells are missing or unpaired is *not measured*, with the reason. Each outcome can
-    judge its claim again on some seeds' cells alone (``rejudge``)."""
+    resamples; a claim whose cells are missing or unpaired is *not measured*, with the reason; a pre-registered
+    claim (``SyntheticClaim.awaits``) reads its awaited seeds' cells only. Each outcome can judge its claim again on
+    some seeds' cells alone (``rejudge``)."""
     cells, outcomes = list(cells), []
     index, resamples = CellIndex(cells), max(resamples, CLAIM_RESAMPLES)
     tests = {"scratchpad_split": formats.split, "scratchpad_helps": formats.helps, "scratchpad_format": formats.matters}
     for claim in claims:
+        # a pre-registered claim reads the seeds it awaits alone, whatever else the results hold (a report pooling
+        # seeds 0-2, run before its rule, with them)
+        own = CellIndex([c for c in cells if c.seed in claim.awaits]) if claim.awaits else index
         try:
-            outcome = tests.get(claim.test, compare)(claim, index, resamples)
+            outcome = tests.get(claim.test, compare)(claim, own, resamples)
         except NotMeasured as missing:
             reason = str(missing) + (" (tested only where the results hold both formats)" if claim.conditional else "")
             outcome = SyntheticOutcome(claim, "not measured", reason=reason)
