@@ -17,9 +17,9 @@ from lightning.pytorch import Callback
 
 from nope_lightning.config import load_config
 from nope_lightning.config.synthetic import SyntheticConfig
-from nope_lightning.runtime import tracking
+from nope_lightning.runtime import stopping, tracking
 from nope_lightning.stages import synthetic as stage
-from nope_lightning.training.trainer import checkpoint_step
+from nope_lightning.training.trainer import checkpoint_step, resume_note
 from tests.conftest import REPO
 
 TINY = REPO / "conf/synthetic/tiny.yaml"
@@ -127,3 +127,29 @@ def test_a_curriculum_resumes_with_the_same_batches(tmp_path, monkeypatch):
     _, resumed = run(cfg, monkeypatch, out)
     assert resumed.batches == {step: h for step, h in plain.batches.items() if step >= 20}
     assert len(set(plain.batches.values())) == 40  # a stream worth comparing: no two batches alike
+
+
+def test_the_synthetic_stage_resumes_a_stopped_run_from_its_own_folder_and_deletes_it_when_finished(
+        cfg, monkeypatch, tmp_path, never_stopped):
+    """The stage alone (``run``, no grid) trains into ``training_folder``: stopped, the same config resumes there, in
+    the same MLflow run, to the results of a run never stopped, and the stop's line says so; finished, the folder is
+    gone. Another config trains in another folder, so it is neither refused nor resumed from this one's."""
+    record = Record(stop_after=13)
+    monkeypatch.setattr(stage, "stopping_callbacks", lambda *a: [*RULE_CALLBACKS(*a), record])
+    stopping.begin()
+    with pytest.raises(Stop):
+        stage.run(cfg)
+    out = stage.training_folder(cfg)
+    assert out.parent == tmp_path / "checkpoints" / "synthetic" and out.name.startswith(cfg.run_name + "-")
+    assert stopping.STATE.out_dir == out and resume_note(out) == "resumes from its checkpoint at step 12"
+    record.stop_after = None
+    result = stage.run(cfg)
+    assert not out.exists()
+    expected, _ = never_stopped
+    assert (result["best_step"], result["best_val_acc"], result["id_acc"], result["ood_acc"], result["steps"],
+            result["stopped_by_rule"]) == expected[:6]
+    assert len(tracking.client(cfg.tracking).search_runs([tracking.experiment_id(cfg.tracking)])) == 1
+    other = tiny(tmp_path, *RULE, "optim.lr=5e-3")
+    assert stage.training_folder(other).parent == out.parent and stage.training_folder(other) != out
+    moved = tiny(tmp_path, *RULE, f"tracking.uri=sqlite:///{tmp_path}/other.db")  # tracking is not the config's work
+    assert stage.training_folder(moved) == out

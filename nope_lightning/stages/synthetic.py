@@ -20,12 +20,17 @@ Logged on the run: ``val/id_acc`` during training; ``synthetic/{task}/{pe}/id_ac
 and ``.../len{L}/acc`` per bucket; ``stop/step`` and ``stop/rule_met``; with ``n_id_test``,
 ``.../id_test_acc``, ``.../id_test/len{L}/acc`` and ``id_test.json``; ``results.json``,
 ``per_length_acc.png`` and (``log_model``) ``model.safetensors`` of the selected weights. The ``synthetic-grid``
-stage (``synthetic_grid.py``) runs ``train_and_evaluate`` per (task, PE, seed).
+stage (``synthetic_grid.py``) runs ``train_and_evaluate`` per (task, PE, seed). Both train into a checkpoint folder
+(this stage's: ``training_folder``), so a run stopped in training resumes where it stopped when the same command
+runs again; the folder is deleted once the run has finished.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import shutil
 import tempfile
 import time
 import warnings
@@ -40,6 +45,7 @@ from safetensors.torch import save_file
 from torchmetrics import MeanMetric
 
 from nope_lightning.analysis.synthetic import grid as synthetic_grid
+from nope_lightning.config.core import to_dict
 from nope_lightning.config.parts import ModelConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig
 from nope_lightning.data.synthetic_batches import SyntheticData
@@ -259,10 +265,24 @@ def log_run(cfg: SyntheticConfig, result: SyntheticCell, model: GPT) -> None:
             tracking.client(cfg.tracking).log_artifact(run_id, str(path))
 
 
+def training_folder(cfg: SyntheticConfig) -> Path:
+    """Where the ``synthetic`` stage trains (``train_and_evaluate``'s checkpoints): ``checkpoints/synthetic/<run
+    name>-<12 hex>`` beside the artifact root (``mlruns/`` by default). The hex digest is of the config less
+    ``tracking``, the sections a resume must match: the same command finds its stopped run there, and a changed
+    config trains in a folder of its own instead of being refused by another config's checkpoints."""
+    same = {k: v for k, v in to_dict(cfg).items() if k != "tracking"}
+    digest = hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return Path(cfg.tracking.artifact_root).parent / "checkpoints" / "synthetic" / f"{cfg.run_name}-{digest}"
+
+
 def run(cfg: SyntheticConfig) -> dict[str, Any]:
-    """The ``synthetic`` stage: one (task, PE, seed); returns ``results.json``'s content less ``ood_correct``
-    (per-example data, read from the file by the claims, never a value a later step references)."""
-    return {k: v for k, v in train_and_evaluate(cfg).result.to_dict().items() if k != "ood_correct"}
+    """The ``synthetic`` stage: one (task, PE, seed), resumed from ``training_folder`` when a run of the same
+    config stopped in training; returns ``results.json``'s content less ``ood_correct`` (per-example data, read from
+    the file by the claims, never a value a later step references)."""
+    out = training_folder(cfg)
+    result = train_and_evaluate(cfg, out).result
+    shutil.rmtree(out)  # finished: MLflow holds all of it, and a rerun trains anew, as before checkpoints
+    return {k: v for k, v in result.to_dict().items() if k != "ood_correct"}
 
 
 # --- declared results: the registry's ``Stage.results`` (what a later step may reference; the dry run) ---
