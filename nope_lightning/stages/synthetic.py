@@ -203,8 +203,7 @@ def train_and_evaluate(cfg: SyntheticConfig, checkpoints: Path | None = None) ->
                                 enable_checkpointing=False)
         trainer.fit(module, datamodule=data)
     else:
-        keys = tuple(f.name for f in dataclasses.fields(cfg) if f.name != "tracking")
-        with resumable_fit(checkpoints, cfg, keys) as resumable, warnings.catch_warnings():
+        with resumable_fit(checkpoints, cfg, resume_keys(cfg)) as resumable, warnings.catch_warnings():
             # Lightning warns that a resume mid-epoch is unreliable unless the loader has a state_dict: ResumedBatches
             # resumes the batches exactly without one (its tests), so the warning would only mislead.
             warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
@@ -265,12 +264,16 @@ def log_run(cfg: SyntheticConfig, result: SyntheticCell, model: GPT) -> None:
             tracking.client(cfg.tracking).log_artifact(run_id, str(path))
 
 
+def resume_keys(cfg: SyntheticConfig) -> tuple[str, ...]:
+    """The config sections a resumed run must match (all but ``tracking``); they name ``training_folder``."""
+    return tuple(f.name for f in dataclasses.fields(cfg) if f.name != "tracking")
+
+
 def training_folder(cfg: SyntheticConfig) -> Path:
     """Where the ``synthetic`` stage trains (``train_and_evaluate``'s checkpoints): ``checkpoints/synthetic/<run
-    name>-<12 hex>`` beside the artifact root (``mlruns/`` by default). The hex digest is of the config less
-    ``tracking``, the sections a resume must match: the same command finds its stopped run there, and a changed
-    config trains in a folder of its own instead of being refused by another config's checkpoints."""
-    same = {k: v for k, v in to_dict(cfg).items() if k != "tracking"}
+    name>-<12 hex of its resume_keys>`` beside the artifact root (``mlruns/`` by default): the same command finds
+    its stopped run there, and a changed config trains in its own folder, not refused by another's checkpoints."""
+    same = {k: v for k, v in to_dict(cfg).items() if k in resume_keys(cfg)}
     digest = hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return Path(cfg.tracking.artifact_root).parent / "checkpoints" / "synthetic" / f"{cfg.run_name}-{digest}"
 
