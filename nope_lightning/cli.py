@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import json
 import math
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nope-lightning: error: {err}", file=sys.stderr)
             return 2
         return 0
-    cfg = None
+    cfg, stopped = None, True
     stopping.begin()
     try:
         with stopping.signals_raise():
@@ -172,12 +173,15 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.redirect_stdout(sys.stderr):
                 result = run_stage(ns.stage, cfg)
     except BaseException as err:
-        if stopping.received() is not None:  # whatever the signal interrupted, and however it surfaced
-            return _stopped(ns.stage, cfg)
-        if not isinstance(err, ValueError | FileNotFoundError):
-            raise
-        print(f"nope-lightning: error: {err}", file=sys.stderr)
-        return 2
+        if stopping.received() is None:
+            if not isinstance(err, ValueError | FileNotFoundError):
+                raise
+            print(f"nope-lightning: error: {err}", file=sys.stderr)
+            return 2
+    else:
+        stopped = False
+    if stopped:  # by a signal, whatever it interrupted and however it surfaced: handled here, not in the except
+        return _stopped(ns.stage, cfg)  # clause, whose traceback keeps alive what the interrupted frames held
     if _rank_zero():  # DDP re-runs this command line in every rank; report once
         text = json.dumps(strict_json(result), indent=1, default=str, allow_nan=False)
         if os.environ.get("NOPE_LIGHTNING_RESULT"):
@@ -203,13 +207,8 @@ def _stopped(stage: str, cfg: Any) -> int:
     with stopping.shielded():
         if not _rank_zero():
             return stopping.exit_code()
-        from nope_lightning.runtime.tracking import stop_runs
-
-        try:
-            if cfg is not None:
-                stop_runs(cfg)
-        except Exception:  # noqa: BLE001 — a stop inside an import leaves MLflow half imported: the next run
-            pass  # closes the runs of this (then dead) process as KILLED (tracking.close_dead_runs)
+        if cfg is not None:
+            _mark_killed(cfg)
         note, out = stopping.STATE.note, stopping.STATE.out_dir
         note = note() if callable(note) else note
         if not note and out is not None:
@@ -222,6 +221,26 @@ def _stopped(stage: str, cfg: Any) -> int:
         else:
             print(stopping.stop_line(stage, note), file=sys.stderr, flush=True)
     return stopping.exit_code()
+
+
+def _mark_killed(cfg: Any, attempts: int = 2) -> None:
+    """Mark KILLED the runs of ``cfg``'s stores that this process opened (``tracking.stop_runs``). The signal may
+    have landed inside an MLflow write, leaving a dropped SQLite connection that holds the store's lock until it
+    is collected (MLflow waits 20 s on a locked store, then fails): the garbage collector runs first, and a failed
+    attempt is tried again. If every attempt fails (e.g. a stop inside an import left MLflow half imported), one
+    line says so: the runs stay RUNNING until the next command on the store closes this dead process's runs as
+    KILLED (``tracking.close_dead_runs``)."""
+    for _ in range(attempts):
+        gc.collect()
+        try:
+            from nope_lightning.runtime.tracking import stop_runs
+
+            stop_runs(cfg)
+            return
+        except Exception as err:  # noqa: BLE001 — any failure here is reported below, never raised over the stop
+            failure = f"{type(err).__name__}: {err}"
+    print(f"nope-lightning: note: could not mark this command's MLflow runs KILLED ({failure}); the next command "
+          f"on the same store does", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

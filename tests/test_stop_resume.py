@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from nope_lightning import cli
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.runtime import tracking
 from nope_lightning.stages.registry import run_stage, stage_config
@@ -230,3 +232,49 @@ def test_a_stop_kills_this_process_runs_and_dead_ones_but_not_live_ones(tmp_path
     finally:
         live.kill()
         live.wait()
+
+
+def held_write(tmp_path: Path, opened: list[str]):
+    """A stand-in for ``run_stage``: opens an MLflow run in the store, then takes the store's SQLite write lock in
+    its own frame (as an MLflow write does) when SIGTERM arrives; the signal raises there."""
+    def stage(name, cfg):
+        opened.append(tracking.create_run(cfg.tracking, name, "held", cfg))
+        writer = sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None)
+        writer.execute("BEGIN IMMEDIATE")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # not reached: the signal raises Stopped first
+    return stage
+
+
+def test_a_stop_landing_inside_a_store_write_still_marks_the_run_killed_at_once(tmp_path, tracking_overrides,
+                                                                               monkeypatch, capsys):
+    """The stop's cleanup runs once the interrupted frames are released, so the write lock they held is gone:
+    handled inside the ``except`` clause, the traceback kept the lock and MLflow gave up after its 20 s busy wait,
+    leaving the run RUNNING."""
+    opened: list[str] = []
+    monkeypatch.setattr(cli, "run_stage", held_write(tmp_path, opened))
+    t0 = time.monotonic()
+    assert cli.main(["run", "pretrain", *tracking_overrides]) == 143
+    assert time.monotonic() - t0 < 15
+    assert [r[2:] for r in runs(tmp_path)] == [("KILLED", opened[0])]
+    assert STOP.findall(capsys.readouterr().err) == ["nope-lightning: stopped pretrain; rerun the same command to "
+                                                     "resume — it starts again"]
+
+
+def test_a_stop_that_cannot_mark_its_runs_says_so_in_one_line(tmp_path, tracking_overrides, monkeypatch, capsys):
+    """Every attempt failing: the stop line, and one line saying the next command on the store closes the runs."""
+    calls = []
+
+    def broken(cfg):
+        calls.append(cfg)
+        raise OSError("store unreachable")
+
+    monkeypatch.setattr(cli, "run_stage", lambda name, cfg: os.kill(os.getpid(), signal.SIGINT) or time.sleep(30))
+    monkeypatch.setattr(tracking, "stop_runs", broken)
+    assert cli.main(["run", "pretrain", *tracking_overrides]) == 130
+    err = capsys.readouterr().err
+    assert len(calls) == 2 and "Traceback" not in err
+    assert err.splitlines() == [
+        "nope-lightning: note: could not mark this command's MLflow runs KILLED (OSError: store unreachable); the "
+        "next command on the same store does",
+        "nope-lightning: stopped pretrain; rerun the same command to resume — it starts again"]
