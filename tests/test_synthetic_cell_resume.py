@@ -49,7 +49,7 @@ class Record(Callback):
             raise Stop
 
 
-def run(cfg: SyntheticConfig, monkeypatch, checkpoints: Path | None, stop_after: int | None = None):
+def run(cfg: SyntheticConfig, monkeypatch, checkpoints: Path, stop_after: int | None = None):
     """``train_and_evaluate`` with a ``Record``: (what it returned, the record)."""
     record = Record(stop_after)
     monkeypatch.setattr(stage, "stopping_callbacks", lambda *a: [*RULE_CALLBACKS(*a), record])
@@ -89,11 +89,6 @@ def never_stopped(tmp_path_factory) -> tuple[tuple, dict[int, str]]:
     return outcome(cfg, trained), record.batches
 
 
-def test_training_into_a_checkpoint_folder_changes_nothing(cfg, monkeypatch, never_stopped):
-    trained, record = run(cfg, monkeypatch, None)
-    assert (outcome(cfg, trained), record.batches) == never_stopped
-
-
 # 17: resumed at an epoch's start (16); 13: mid-epoch (12); 46: after the rule's first hit at 44, so its count comes
 # from the checkpoint; 60: after the rule ended the fit at 48 (as a stop in the test would), the run is over.
 @pytest.mark.parametrize("stop_after", [13, 17, 46, 60])
@@ -120,7 +115,7 @@ def test_a_cell_stopped_in_training_resumes_to_the_results_of_a_cell_never_stopp
 
 def test_a_curriculum_resumes_with_the_same_batches(tmp_path, monkeypatch):
     cfg = tiny(tmp_path, "trainer.max_steps=40", "curriculum_steps=30")
-    _, plain = run(cfg, monkeypatch, None)
+    _, plain = run(cfg, monkeypatch, tmp_path / "plain")
     out = tmp_path / "cell"
     with pytest.raises(Stop):
         run(cfg, monkeypatch, out, stop_after=22)

@@ -550,9 +550,9 @@ def test_the_digest_names_the_problems_not_their_format():
     assert problems_digest(split(0, "none")) == problems_digest(split(0, "full")) != problems_digest(split(1, "none"))
 
 
-def test_tiny_runs_of_two_pes_record_paired_examples(tracking_overrides):
+def test_tiny_runs_of_two_pes_record_paired_examples(tracking_overrides, tmp_path):
     cfg = load_config(SyntheticConfig, REPO / "conf/synthetic/tiny.yaml", [*tracking_overrides, "log_model=false"])
-    cells = [stage.train_and_evaluate(cfg.cell(cfg.task, pe, 0)).result for pe in ("nope", "alibi")]
+    cells = [stage.train_and_evaluate(cfg.cell(cfg.task, pe, 0), tmp_path / pe).result for pe in ("nope", "alibi")]
     for cell in cells:
         assert len(cell.ood_correct) == cfg.n_test and np.mean(cell.ood_correct) == pytest.approx(cell.ood_acc)
     assert cells[0].test_digest == cells[1].test_digest == problems_digest(stage.SyntheticData(cfg).test)

@@ -57,12 +57,7 @@ from nope_lightning.runtime import tracking
 from nope_lightning.synthetic import Example, Vocabulary
 from nope_lightning.training.module import CausalLM, lm_loss
 from nope_lightning.training.stopping_rule import stop_metrics, stopping_callbacks
-from nope_lightning.training.trainer import (
-    build_trainer,
-    check_strategy,
-    resumable_fit,
-    validation_checkpoint,
-)
+from nope_lightning.training.trainer import check_strategy, resumable_fit, validation_checkpoint
 
 N_ERRORS = 5  # wrong OOD predictions kept in results.json, for a look at how a model fails
 
@@ -183,9 +178,9 @@ def save_weights(model: GPT, path: Path) -> None:
     save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(path))
 
 
-def train_and_evaluate(cfg: SyntheticConfig, checkpoints: Path | None = None) -> Trained:
-    """Train, select on ID validation, decode ID + OOD, log everything to a new MLflow run. With ``checkpoints``
-    (a folder) it trains as pretraining does (``training.trainer.resumable_fit``), with a checkpoint after every
+def train_and_evaluate(cfg: SyntheticConfig, checkpoints: Path) -> Trained:
+    """Train, select on ID validation, decode ID + OOD, log everything to an MLflow run. It trains into the folder
+    ``checkpoints`` as pretraining does (``training.trainer.resumable_fit``), with a checkpoint after every
     validation (``validation_checkpoint``), from which the same call after a stop continues in the same MLflow run,
     with the same batches, selection and stopping-rule state (``ResumedBatches``, ``SyntheticLM``,
     ``HeldThreshold``): it ends with the results of a run never stopped, having lost at most one validation
@@ -196,20 +191,13 @@ def train_and_evaluate(cfg: SyntheticConfig, checkpoints: Path | None = None) ->
     model = build_model(cfg, data)
     module = SyntheticLM(model, cfg, data)
     callbacks = stopping_callbacks("val/id_acc", cfg.stop_at, cfg.stop_patience)
-    if checkpoints is None:
-        logger = tracking.lightning_logger(cfg.tracking, "synthetic", cfg.run_name)
-        tracking.log_config(cfg.tracking, logger.run_id, cfg)
-        trainer = build_trainer(cfg.trainer, logger=logger, callbacks=callbacks, grad_clip=cfg.optim.grad_clip,
-                                enable_checkpointing=False)
-        trainer.fit(module, datamodule=data)
-    else:
-        with resumable_fit(checkpoints, cfg, resume_keys(cfg)) as resumable, warnings.catch_warnings():
-            # Lightning warns that a resume mid-epoch is unreliable unless the loader has a state_dict: ResumedBatches
-            # resumes the batches exactly without one (its tests), so the warning would only mislead.
-            warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
-            trainer = resumable.fit(module, data, stage="synthetic", name=cfg.run_name,
-                                    max_steps=cfg.trainer.max_steps, metrics=lambda _: {}, callbacks=callbacks,
-                                    checkpoints=[validation_checkpoint(checkpoints)])
+    with resumable_fit(checkpoints, cfg, resume_keys(cfg)) as resumable, warnings.catch_warnings():
+        # Lightning warns that a resume mid-epoch is unreliable unless the loader has a state_dict: ResumedBatches
+        # resumes the batches exactly without one (its tests), so the warning would only mislead.
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+        trainer = resumable.fit(module, data, stage="synthetic", name=cfg.run_name, max_steps=cfg.trainer.max_steps,
+                                metrics=lambda _: {}, callbacks=callbacks,
+                                checkpoints=[validation_checkpoint(checkpoints)])
     trained = time.perf_counter()
     module.restore_best()
     trainer.test(module, datamodule=data, verbose=False)
