@@ -261,7 +261,8 @@ def training_folder(cfg: SyntheticConfig) -> Path:
     """Where the ``synthetic`` stage trains (``train_and_evaluate``'s checkpoints): ``checkpoints/synthetic/<run
     name>-<12 hex of its resume_keys>`` beside the artifact root (``mlruns/`` by default): the same command finds
     its stopped run there, and a changed config trains in its own folder, not refused by another's checkpoints."""
-    same = {k: v for k, v in to_dict(cfg).items() if k in resume_keys(cfg)}
+    keys = resume_keys(cfg)
+    same = {k: v for k, v in to_dict(cfg).items() if k in keys}
     digest = hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return Path(cfg.tracking.artifact_root).parent / "checkpoints" / "synthetic" / f"{cfg.run_name}-{digest}"
 
