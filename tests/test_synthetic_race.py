@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from scipy.stats import binomtest
 
 from nope_lightning.analysis.synthetic.attention_claims import ATTENTION_CLAIMS
+from nope_lightning.analysis.synthetic.grid import floor_partner
 from nope_lightning.config.core import load_config
 from nope_lightning.config.parts import ModelConfig, OptimConfig
 from nope_lightning.config.synthetic import PAPER_PES, SyntheticConfig, SyntheticGridConfig
@@ -270,6 +271,23 @@ def test_the_cap_study_trains_the_six_missed_cells_again_at_twice_the_cap_and_th
         race = dataclasses.replace(race_cells[c.task, c.pos_encoding], seed=c.seed)
         assert race.trainer.max_steps == 9000 and rule(c) == RULE
         assert c == dataclasses.replace(race, trainer=dataclasses.replace(race.trainer, max_steps=18000))
+
+
+def test_the_floor_study_trains_the_race_s_scan_nope_cells_two_neighbouring_seeds_a_grid(race_cells):
+    """The exploratory floor study (experiments/synthetic_race_floor/): its three README slices plan NoPE alone on
+    scan at seeds 0-5, each cell the race's, two neighbouring seeds a grid (the second seed's floor is the first's
+    NoPE), analysed as the race's scan file analyses its cells."""
+    race = grids(REPO / "experiments/synthetic_race/race_scan.yaml")[0][1]
+    path = REPO / "experiments/synthetic_race_floor/race_floor_scan.yaml"
+    slices = [(), *((f'common=["seeds=[{first},{first + 1}]"]',) for first in (2, 4))]
+    planned = [grid for overrides in slices for _, grid in grids(path, overrides)]
+    assert [grid.seeds for grid in planned] == [[0, 1], [2, 3], [4, 5]]
+    assert [floor_partner(grid.seeds, grid.seeds[1]) for grid in planned] == [0, 2, 4]
+    for grid in planned:
+        assert (grid.attention_examples_per_length, grid.distance_bins) == (
+            race.attention_examples_per_length, race.distance_bins) == (2, 20)
+        for cell in grid.cells():
+            assert cell == dataclasses.replace(race_cells["scan", "nope"], seed=cell.seed)
 
 
 POOLED, NEW_REPORT = REPO / "experiments/synthetic_race/all_seeds", REPO / "experiments/synthetic_race/results"
