@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from mlflow.tracking import MlflowClient
 from scipy import stats as scipy_stats
 
 from nope_lightning.analysis.synthetic.attention_claims import (
@@ -21,6 +22,7 @@ from nope_lightning.analysis.synthetic.attention_claims import (
     attention_table,
     evaluate_attention_claims,
 )
+from nope_lightning.analysis.synthetic.figures import jsd_by_layer
 from nope_lightning.analysis.synthetic.grid import (
     AttentionReport,
     analyse_attention,
@@ -30,6 +32,7 @@ from nope_lightning.analysis.synthetic.grid import (
     min_head_jsd,
     task_attention,
 )
+from nope_lightning.analysis.synthetic.grid_plots import attention_figures
 from nope_lightning.analysis.synthetic.tables import claims_table
 from nope_lightning.analysis.verdicts import NO_SEED_VERDICT
 from nope_lightning.config import load_config
@@ -132,6 +135,41 @@ def test_a_two_seed_grid_stores_each_floor_once_and_releases_the_weights(trackin
     assert a.by_seed[5]["ALiBi"] == pytest.approx(np.mean(list(stored[5].jsd_by_layer["alibi"].values()), axis=0))
     assert list((tmp_path / "checkpoints/synthetic-grid").iterdir()) == []  # every kept NoPE released
     assert synthetic_grid.run(cfg) == summary  # resumed: the stored floors read back, number for number
+
+
+def test_a_grid_of_nope_alone_measures_the_floor_and_plots_and_tabulates_only_it(tracking_overrides, tmp_path):
+    """A floor study's grid (NoPE alone, two seeds): the second seed's floor is stored and read back, the grid's own
+    JSD plots draw the floor's line only, and a report's table and figure show the floor row and line alone."""
+    base = load_config(SyntheticConfig, TINY, [*tracking_overrides, "log_model=false"])
+    cfg = SyntheticGridConfig(base=base, tasks=["copy_repeat"], pos_encodings=["nope"], seeds=[5, 2],
+                              attention_examples_per_length=1, distance_bins=5)
+    summary = synthetic_grid.run(cfg)
+    grid = SyntheticGridResult.from_dict(summary)
+    a = grid.attention["copy_repeat"]
+    assert a.floor_partners == {2: 5} and a.jsd_by_layer == {} and a.by_seed == {5: {}, 2: {}}
+    assert all(0 < v <= math.log(2) for layers in a.floor_by_layer.values() for v in layers)
+    artifacts = {f.path for f in MlflowClient(base.tracking.uri).list_artifacts(grid.parent_run_id, "attention")}
+    assert {"attention/jsd_copy_repeat.png", "attention/jsd_by_layer_copy_repeat.png"} <= artifacts
+    rows = table_rows(attention_table([grid]))
+    floor = np.asarray(list(a.floor_by_seed.values()))  # (1 seed, layers)
+    assert list(rows) == [FLOOR] and rows[FLOOR][-2:] == [f"{floor.mean():.3f}", "1 of 2: 2 vs 5"]
+    (figure,) = jsd_by_layer([grid]).values()
+    (line,) = figure.figure.axes[0].get_lines()  # the floor's, dashed: no PE line
+    assert line.get_linestyle() == "--" and line.get_ydata() == pytest.approx(floor[0])
+
+
+def test_the_grid_s_jsd_plots_draw_each_pe_and_the_floor_and_none_without_either():
+    a = TaskAttention({"ALiBi": {5: 0.2, 6: 0.4}}, {"ALiBi": {5: [0.1, 0.3], 6: [0.2, 0.6]}}, {"NoPE": [1, 2]},
+                      [0.0, 0.5, 1.0], {5: [0.02, 0.04], 6: [0.06, 0.10]})
+    figures = attention_figures("scan", a, train_max=5)
+    assert set(figures) == {"attention/jsd_scan.png", "attention/jsd_by_layer_scan.png", "attention/distance_scan.png"}
+    mean = {line.get_label(): list(line.get_ydata()) for line in figures["attention/jsd_scan.png"].axes[0].get_lines()}
+    assert mean == {"ALiBi": [0.2, 0.4], FLOOR: pytest.approx([0.03, 0.08]), "train max": [0, 1]}
+    layer2 = {line.get_label(): list(line.get_ydata())
+              for line in figures["attention/jsd_by_layer_scan.png"].axes[1].get_lines()}
+    assert layer2["ALiBi"] == [0.3, 0.6] and layer2[FLOOR] == [0.04, 0.10]
+    alone = TaskAttention({}, {}, {"NoPE": [1, 2]}, [0.0, 0.5, 1.0])  # NoPE alone, one seed: nothing to compare
+    assert set(attention_figures("scan", alone, train_max=5)) == {"attention/distance_scan.png"}
 
 
 # --- the claim ---------------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from safetensors.torch import save_file
 from torchmetrics import MeanMetric
 
 from nope_lightning.analysis.synthetic import grid as synthetic_grid
+from nope_lightning.analysis.synthetic import grid_plots
 from nope_lightning.config.core import to_dict
 from nope_lightning.config.parts import ModelConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig
@@ -243,7 +244,7 @@ def log_run(cfg: SyntheticConfig, result: SyntheticCell, model: GPT) -> None:
     tracking.log_json(cfg.tracking, run_id, result.to_dict(), "results.json")
     curve = {synthetic_grid.bucket_start(b.bucket): b.acc for b in result.buckets}
     title = f"{cfg.task}: {PAPER_NAMES.get(cfg.pos_encoding, cfg.pos_encoding)}, seed {cfg.seed}"
-    tracking.log_figure(cfg.tracking, run_id, synthetic_grid.plot_curves({cfg.pos_encoding: curve}, cfg.train_max,
+    tracking.log_figure(cfg.tracking, run_id, grid_plots.plot_curves({cfg.pos_encoding: curve}, cfg.train_max,
                                                                    title, "exact match"), "per_length_acc.png")
     if cfg.log_model:
         with tempfile.TemporaryDirectory() as tmp:

@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load_file
 
 from nope_lightning.analysis.synthetic import grid as synthetic_grid
+from nope_lightning.analysis.synthetic import grid_plots
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig, SyntheticGridConfig
 from nope_lightning.data.synthetic_batches import SyntheticData
@@ -101,8 +102,8 @@ def log_grid(grid: SyntheticGridConfig, parent: str, results: list[SyntheticCell
     """Tables, MRR, per-length curves and attention plots on the parent run; returns the summary."""
     track, pes = grid.base.tracking, grid.pos_encodings
     summary, mrr = summarise(results), grid_mrr(results, pes)
-    tables = {"ood": synthetic_grid.markdown_table(summary.ood, pes, PAPER_NAMES, mrr),
-              "id": synthetic_grid.markdown_table(summary.id, pes, PAPER_NAMES)}
+    tables = {"ood": grid_plots.markdown_table(summary.ood, pes, PAPER_NAMES, mrr),
+              "id": grid_plots.markdown_table(summary.id, pes, PAPER_NAMES)}
     mean_ood = {task: {pe: float(np.mean(v)) for pe, v in row.items()} for task, row in summary.ood.items()}
     metrics = {f"mrr/{pe}": value for pe, value in mrr.items()}
     for task, pe in itertools.product(grid.tasks, pes):
@@ -111,13 +112,13 @@ def log_grid(grid: SyntheticGridConfig, parent: str, results: list[SyntheticCell
     tracking.log_metrics(track, parent, metrics)
     tracking.log_text(track, parent, "## OOD exact match\n\n" + tables["ood"] + "\n## ID exact match\n\n"
                       + tables["id"], "ood_table.md")
-    tracking.log_figure(track, parent, synthetic_grid.plot_ood_table(mean_ood, pes, PAPER_NAMES, mrr), "ood_table.png")
+    tracking.log_figure(track, parent, grid_plots.plot_ood_table(mean_ood, pes, PAPER_NAMES, mrr), "ood_table.png")
     train_max = {r.task: r.train_max_len for r in results}
     attention = log_attention(grid, parent, reports, train_max)
     for task in grid.tasks:
         curves = {PAPER_NAMES.get(pe, pe): {x: float(np.mean(v)) for x, v in summary.curves[task][pe].items()}
                   for pe in pes}
-        tracking.log_figure(track, parent, synthetic_grid.plot_curves(curves, train_max[task], f"{task} (mean over seeds)",
+        tracking.log_figure(track, parent, grid_plots.plot_curves(curves, train_max[task], f"{task} (mean over seeds)",
                                                                 "exact match"), f"per_length/{task}.png")
     out = SyntheticGridResult(parent, mrr, mean_ood, tables, attention, results)
     tracking.log_json(track, parent, out.to_dict(), "results.json")
@@ -132,15 +133,8 @@ def log_attention(grid: SyntheticGridConfig, parent: str, reports: dict[tuple[st
         if not (cells := {seed: report for (t, seed), report in reports.items() if t == task}):
             continue
         out[task] = a = synthetic_grid.task_attention(cells, PAPER_NAMES)
-        track = grid.base.tracking
-        tracking.log_figure(track, parent, synthetic_grid.plot_curves(
-            a.jsd, train_max[task], f"{task}: min-head JSD to NoPE (nats, mean over layers)", "JSD (nats)"),
-            f"attention/jsd_{task}.png")
-        tracking.log_figure(track, parent, synthetic_grid.plot_layer_curves(
-            a.jsd_by_layer, train_max[task], f"{task}: min-head JSD to NoPE per layer (nats)", "JSD (nats)"),
-            f"attention/jsd_by_layer_{task}.png")
-        tracking.log_figure(track, parent, synthetic_grid.plot_distance_hist(
-            a.hist, a.edges, f"{task}: attended distance, OOD output queries"), f"attention/distance_{task}.png")
+        for name, figure in grid_plots.attention_figures(task, a, train_max[task]).items():
+            tracking.log_figure(grid.base.tracking, parent, figure, name)
     return out
 
 

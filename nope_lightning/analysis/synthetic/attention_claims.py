@@ -39,6 +39,7 @@ import numpy as np
 
 from nope_lightning.analysis.markdown import MISSING, cell, render
 from nope_lightning.analysis.synthetic.claims import EXPLICIT, NONE, SyntheticClaim, SyntheticOutcome
+from nope_lightning.analysis.synthetic.grid_plots import FLOOR
 from nope_lightning.analysis.verdicts import NotMeasured, verdict
 from nope_lightning.config.synthetic import PAPER_NAMES
 from nope_lightning.numerics.stats import Interval, prediction_interval, t_interval
@@ -143,7 +144,7 @@ def evaluate_attention_claims(grids: Iterable[SyntheticGridResult]) -> list[Synt
 
 # --- the per-layer table -----------------------------------------------------------------------------------------
 
-FLOOR, T5_OVER_FLOOR = "NoPE, previous seed (floor)", "T5 minus the floor"
+T5_OVER_FLOOR = "T5 minus the floor"
 
 
 def _row(label: str, values: np.ndarray, seeds: str, signed: bool = False) -> list[str]:
@@ -155,15 +156,21 @@ def _row(label: str, values: np.ndarray, seeds: str, signed: bool = False) -> li
 
 
 def task_table(task: str, by_seed: dict[int, SeedJSD]) -> str:
-    """One task's per-layer JSD to NoPE: a row per PE analysed in every seed (the paper's order, then others), the
-    floor and T5 minus the floor (paired: each seed with a floor, its T5 minus its floor), each entry the mean over
-    seeds [95 % t]. A floor has its seed's layers: its two NoPE models are of one grid, as are that seed's PEs."""
+    """One task's per-layer JSD to NoPE: a row per PE analysed in every seed (the paper's order, then others; none in
+    a grid of NoPE alone), the floor and T5 minus the floor (paired: each seed with a floor, its T5 minus its floor),
+    each entry the mean over seeds [95 % t]. A floor has its seed's layers: its two NoPE models are of one grid, as
+    are that seed's PEs."""
     seeds = sorted(by_seed)
     pes = [*(PAPER_NAMES[pe] for pe in EXPLICIT), *by_seed[seeds[0]].pes]
     pes = [pe for pe in dict.fromkeys(pes) if all(pe in by_seed[s].pes for s in seeds)]
-    values = layer_values({task: by_seed}, [task], seeds, pes)[:, 0]  # (seeds, PEs, layers)
+    floored = [i for i, s in enumerate(seeds) if by_seed[s].floor]
+    if not pes and not floored:
+        raise NotMeasured("no PE was analysed against NoPE in every seed, and no seed has a floor")
+    # A grid of NoPE alone (a floor study) has only the floor: its layer count is the floor's.
+    values = (layer_values({task: by_seed}, [task], seeds, pes)[:, 0] if pes  # (seeds, PEs, layers)
+              else np.empty((len(seeds), 0, len(by_seed[seeds[floored[0]]].floor))))
     rows = [_row(pe, values[:, p], str(len(seeds))) for p, pe in enumerate(pes)]
-    if floored := [i for i, s in enumerate(seeds) if by_seed[s].floor]:
+    if floored:
         floor = np.asarray([by_seed[seeds[i]].floor for i in floored])  # (seeds with a floor, layers)
         pairs = ", ".join(f"{seeds[i]} vs {by_seed[seeds[i]].partner}" for i in floored)
         rows.append(_row(FLOOR, floor, f"{len(floored)} of {len(seeds)}: {pairs}"))

@@ -15,9 +15,10 @@ import numpy as np
 from matplotlib.figure import Figure  # no pyplot: no global state
 
 from nope_lightning.analysis.report_frame import Plot, over_seeds, seeds
-from nope_lightning.analysis.synthetic import grid as synthetic_grid
+from nope_lightning.analysis.synthetic import grid_plots
 from nope_lightning.analysis.synthetic.attention_claims import T5_CLOSEST, attention_index, claim_tasks
 from nope_lightning.analysis.synthetic.cells import panel_rank
+from nope_lightning.analysis.synthetic.grid import bucket_start
 from nope_lightning.analysis.verdicts import NotMeasured
 from nope_lightning.config.synthetic import PAPER_NAMES, PAPER_PES
 from nope_lightning.results.synthetic import SyntheticGridResult
@@ -39,7 +40,7 @@ def accuracy_by_length(grids: Iterable[SyntheticGridResult]) -> Plot | None:
             train_max[(cell.task, cell.scratchpad)] = cell.train_max_len
             panel_seeds[_panel_name(cell.task, cell.scratchpad)].add(cell.seed)
             for bucket in cell.buckets:
-                x = synthetic_grid.bucket_start(bucket.bucket)
+                x = bucket_start(bucket.bucket)
                 per_panel[(cell.task, cell.scratchpad)][cell.pos_encoding][x].append(bucket.acc)
     if not per_panel:
         return None
@@ -53,8 +54,8 @@ def accuracy_by_length(grids: Iterable[SyntheticGridResult]) -> Plot | None:
         named = {PAPER_NAMES.get(pe, pe): {x: float(np.mean(v)) for x, v in pes[pe].items()}
                  for pe in sorted(pes, key=lambda p: PAPER_PES.index(p) if p in PAPER_PES else len(PAPER_PES))}
         name = _panel_name(task, scratchpad)  # a panel names its seeds: panels of one figure may hold different ones
-        synthetic_grid.draw_curves(ax, named, train_max[(task, scratchpad)], f"{name}, {seeds(panel_seeds[name])}",
-                                   "exact match")
+        grid_plots.draw_curves(ax, named, train_max[(task, scratchpad)], f"{name}, {seeds(panel_seeds[name])}",
+                               "exact match")
     for ax in axes[len(order):]:
         ax.set_visible(False)
     fig.suptitle("Exact match per length, mean over each panel's seeds (left of the dashed line: training lengths)")
@@ -74,14 +75,17 @@ def jsd_by_layer(grids: Iterable[SyntheticGridResult]) -> dict[str, Plot]:
     figures = {}
     for task in tasks:
         by_seed = index[task]
+        pes = list(dict.fromkeys(pe for s in by_seed.values() for pe in s.pes))
+        floors = [s.floor for s in by_seed.values() if s.floor]
+        if not (curves := [*(s.pes[pe] for s in by_seed.values() for pe in s.pes), *floors]):
+            continue
+        layers = np.arange(1, len(curves[0]) + 1)  # one model: one layer count (a grid of NoPE alone: its floor's)
         fig = Figure(figsize=(5.5, 3.6), layout="constrained")
         ax = fig.subplots()
-        pes = list(dict.fromkeys(pe for s in by_seed.values() for pe in s.pes))
-        layers = np.arange(1, len(next(iter(by_seed.values())).pes[pes[0]]) + 1)  # one model: one layer count
         for pe in pes:
             values = np.asarray([s.pes[pe] for s in by_seed.values() if pe in s.pes])
             ax.plot(layers, values.mean(0), marker="o", label=f"{pe} ({len(values)})")
-        if floors := [s.floor for s in by_seed.values() if s.floor]:
+        if floors:
             ax.plot(layers, np.asarray(floors).mean(0), "k--", label=f"NoPE, other seed ({len(floors)})")
         ax.set(title=f"{task}: JSD of each PE's attention to NoPE's (seeds)", xlabel="layer",
                ylabel="min-head JSD (nats)", xticks=layers)
@@ -110,7 +114,7 @@ def distance_histograms(grids: Iterable[SyntheticGridResult]) -> dict[str, Plot]
             for pe, counts in attention.hist.items():
                 pooled[key][pe] = pooled[key].get(pe, 0) + np.asarray(counts)
     return {f"synthetic_distance_{task}{'' if s == 'none' else '_' + s}.png": Plot(
-        synthetic_grid.plot_distance_hist(pooled[(task, s)], edges[(task, s)],
+        grid_plots.plot_distance_hist(pooled[(task, s)], edges[(task, s)],
                                           f"{_panel_name(task, s)}: attended distance, OOD output queries "
                                           f"(all layers and heads, {_seeds(n_grids[(task, s)])})"),
         f"{_panel_name(task, s)}: how far back each PE's attention reaches from the OOD output queries (all "

@@ -1,4 +1,5 @@
-"""Analysis of the synthetic grid: PE ranking, attention similarity to NoPE, attended distance, and plots.
+"""Analysis of the synthetic grid: PE ranking, attention similarity to NoPE, attended distance (its tables and
+plots: ``grid_plots.py``).
 
 * ``mrr_with_ties`` — mean reciprocal rank of the PEs over queries ((task, seed) pairs), tied scores
   sharing their average rank; ``mrr_row_order`` — the same with ties broken as the reference breaks them
@@ -30,7 +31,6 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from nope_lightning.analysis.markdown import render as render_table
 from nope_lightning.model.gpt import GPT
 from nope_lightning.model.probes import attention_logits, attention_probe
 from nope_lightning.results.synthetic import TaskAttention
@@ -312,89 +312,9 @@ def task_attention(reports: Mapping[int, AttentionReport], names: Mapping[str, s
         {seed: _length_mean(c.floor_layers) for seed, c in reports.items() if c.floor_layers})
 
 
-# --- tables and plots -------------------------------------------------------------------------------
-
-
-def mean_std(values: Sequence[float]) -> str:
-    """``0.99`` for one value, ``0.99 ± 0.01`` (population std) for several."""
-    return f"{np.mean(values):.2f}" + (f" ± {np.std(values):.2f}" if len(values) > 1 else "")
-
-
-def markdown_table(values: Mapping[str, Mapping[str, Sequence[float]]], columns: Sequence[str],
-                   labels: Mapping[str, str], mrr: Mapping[str, float] | None = None) -> str:
-    """Rows ``values[row][column]`` (a value per seed) as ``mean ± std``, with an optional MRR row."""
-    rows = [[row, *(mean_std(cells[c]) for c in columns)] for row, cells in values.items()]
-    if mrr is not None:
-        rows.append(["**MRR**", *(f"{mrr[c]:.2f}" for c in columns)])
-    return render_table(["task", *(labels.get(c, c) for c in columns)], rows) + "\n"
+# --- lengths ---------------------------------------------------------------------------------------
 
 
 def bucket_start(label: str) -> int:
     """The first length of a bucket label (``"24"`` -> 24, ``"21-25"`` -> 21)."""
     return int(label.split("-")[0])
-
-
-def _figure(width: float = 6.0, height: float = 4.0, ncols: int = 1, sharey: bool = False):
-    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
-
-    fig = Figure(figsize=(width, height), layout="constrained")
-    return fig, fig.subplots(1, ncols, sharey=sharey)
-
-
-def plot_curves(curves: Mapping[str, Mapping[int, float]], train_max: int, title: str, ylabel: str):
-    """One line per name of ``curves[name][x]``, with the training maximum marked; returns a Figure."""
-    fig, ax = _figure()
-    draw_curves(ax, curves, train_max, title, ylabel)
-    return fig
-
-
-def plot_layer_curves(curves: Mapping[str, Mapping[int, Sequence[float]]], train_max: int, title: str,
-                      ylabel: str):
-    """One panel per layer of ``curves[name][x][layer]`` (layer 1 first), shared y axis; returns a Figure."""
-    layers = len(next(iter(next(iter(curves.values())).values())))
-    fig, axes = _figure(3.2 * layers, 3.2, ncols=layers, sharey=True)
-    for layer, ax in enumerate(np.atleast_1d(axes)):
-        draw_curves(ax, {name: {x: v[layer] for x, v in points.items()} for name, points in curves.items()},
-                     train_max, f"layer {layer + 1}", ylabel if layer == 0 else "")
-    fig.suptitle(title)
-    return fig
-
-
-def draw_curves(ax, curves: Mapping[str, Mapping[int, float]], train_max: int, title: str, ylabel: str) -> None:
-    """One line per name of ``curves[name][x]`` on ``ax``, the training maximum dashed."""
-    for name, points in curves.items():
-        xs = sorted(points)
-        ax.plot(xs, [points[x] for x in xs], marker="o", markersize=3, label=name)
-    ax.axvline(train_max + 0.5, color="grey", linestyle="--", linewidth=1, label="train max")
-    ax.set(title=title, xlabel="length", ylabel=ylabel)
-    ax.legend(fontsize=8)
-
-
-def plot_ood_table(table: Mapping[str, Mapping[str, float]], columns: Sequence[str],
-                   labels: Mapping[str, str], mrr: Mapping[str, float]):
-    """Heatmap of mean OOD accuracy (task x PE) beside a bar chart of the MRR; returns a Figure."""
-    rows = list(table)
-    grid = np.array([[table[r][c] for c in columns] for r in rows])
-    names = [labels.get(c, c) for c in columns]
-    fig, (heat, bars) = _figure(11.0, 1.2 + 0.5 * len(rows), ncols=2)
-    heat.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
-    heat.set_xticks(range(len(columns)), names)
-    heat.set_yticks(range(len(rows)), rows)
-    for (i, j), value in np.ndenumerate(grid):
-        heat.text(j, i, f"{value:.2f}", ha="center", va="center", color="white" if value < 0.5 else "black")
-    heat.set_title("OOD exact match (mean over seeds)")
-    bars.bar(names, [mrr[c] for c in columns])
-    bars.set(title="MRR (ties averaged)", ylim=(0, 1))
-    return fig
-
-
-def plot_distance_hist(hist: Mapping[str, Sequence[int]], edges: Sequence[float], title: str):
-    """Normalised attended-distance histograms, one panel per PE (fractions of queries); a Figure."""
-    fig, axes = _figure(2.6 * len(hist), 2.8, ncols=len(hist), sharey=True)
-    edges = np.asarray(edges)
-    for ax, (name, counts) in zip(np.atleast_1d(axes), hist.items(), strict=True):
-        counts = np.asarray(counts)
-        ax.bar(edges[:-1], counts / max(1, counts.sum()), width=np.diff(edges), align="edge")
-        ax.set(title=name, xlabel="(i - argmax j) / (i + 1)", xlim=(0, 1))
-    fig.suptitle(title)
-    return fig
