@@ -279,8 +279,8 @@ def test_the_floor_study_trains_the_race_s_scan_nope_cells_two_neighbouring_seed
     NoPE), analysed as the race's scan file analyses its cells."""
     race = grids(REPO / "experiments/synthetic_race/race_scan.yaml")[0][1]
     path = REPO / "experiments/synthetic_race_floor/race_floor_scan.yaml"
-    slices = [(), *((f'common=["seeds=[{first},{first + 1}]"]',) for first in (2, 4))]
-    planned = [grid for overrides in slices for _, grid in grids(path, overrides)]
+    planned = [grid for pair in ("0,1", "2,3", "4,5") for _, grid in grids(path, (f'matrix={{pair: ["{pair}"]}}',))]
+    assert [grid for _, grid in grids(path)] == planned  # the whole file: the three slices, one after another
     assert [grid.seeds for grid in planned] == [[0, 1], [2, 3], [4, 5]]
     assert [floor_partner(grid.seeds, grid.seeds[1]) for grid in planned] == [0, 2, 4]
     for grid in planned:
