@@ -245,7 +245,7 @@ def log_run(cfg: SyntheticConfig, result: SyntheticCell, model: GPT) -> None:
     curve = {synthetic_grid.bucket_start(b.bucket): b.acc for b in result.buckets}
     title = f"{cfg.task}: {PAPER_NAMES.get(cfg.pos_encoding, cfg.pos_encoding)}, seed {cfg.seed}"
     tracking.log_figure(cfg.tracking, run_id, grid_plots.plot_curves({cfg.pos_encoding: curve}, cfg.train_max,
-                                                                   title, "exact match"), "per_length_acc.png")
+                                                               title, "exact match"), "per_length_acc.png")
     if cfg.log_model:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model.safetensors"

@@ -119,7 +119,7 @@ def log_grid(grid: SyntheticGridConfig, parent: str, results: list[SyntheticCell
         curves = {PAPER_NAMES.get(pe, pe): {x: float(np.mean(v)) for x, v in summary.curves[task][pe].items()}
                   for pe in pes}
         tracking.log_figure(track, parent, grid_plots.plot_curves(curves, train_max[task], f"{task} (mean over seeds)",
-                                                                "exact match"), f"per_length/{task}.png")
+                                                            "exact match"), f"per_length/{task}.png")
     out = SyntheticGridResult(parent, mrr, mean_ood, tables, attention, results)
     tracking.log_json(track, parent, out.to_dict(), "results.json")
     return out

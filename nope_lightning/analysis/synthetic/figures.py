@@ -115,8 +115,8 @@ def distance_histograms(grids: Iterable[SyntheticGridResult]) -> dict[str, Plot]
                 pooled[key][pe] = pooled[key].get(pe, 0) + np.asarray(counts)
     return {f"synthetic_distance_{task}{'' if s == 'none' else '_' + s}.png": Plot(
         grid_plots.plot_distance_hist(pooled[(task, s)], edges[(task, s)],
-                                          f"{_panel_name(task, s)}: attended distance, OOD output queries "
-                                          f"(all layers and heads, {_seeds(n_grids[(task, s)])})"),
+                                      f"{_panel_name(task, s)}: attended distance, OOD output queries "
+                                      f"(all layers and heads, {_seeds(n_grids[(task, s)])})"),
         f"{_panel_name(task, s)}: how far back each PE's attention reaches from the OOD output queries (all "
         f"layers and heads), summed over {seeds(grid_seeds[(task, s)])}.") for task, s in sorted(pooled)}
 

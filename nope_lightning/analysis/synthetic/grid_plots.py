@@ -73,7 +73,8 @@ def attention_figures(task: str, a: TaskAttention, train_max: int) -> dict:
     alone has nothing else, and a grid of NoPE alone without a floor no JSD plot), and the attended-distance
     histograms. Values are means over seeds (``task_attention``)."""
     floor = {FLOOR: a.floor_by_layer} if a.floor_by_layer else {}
-    by_layer, figures = {**a.jsd_by_layer, **floor}, {}
+    by_layer = {**a.jsd_by_layer, **floor}
+    figures = {}
     if by_layer:
         mean = {**a.jsd, **{name: {n: float(np.mean(v)) for n, v in curve.items()} for name, curve in floor.items()}}
         figures[f"attention/jsd_{task}.png"] = plot_curves(
