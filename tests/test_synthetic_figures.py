@@ -13,6 +13,7 @@ from nope_lightning.analysis.synthetic.figures import (
     jsd_by_layer,
     study_figures,
 )
+from nope_lightning.analysis.synthetic.grid_plots import FLOOR
 from nope_lightning.results.synthetic import SyntheticGridResult, TaskAttention
 from nope_lightning.synthetic.tasks import TASKS
 from tests.test_attention_claims import made_up_grid
@@ -74,6 +75,16 @@ def test_distance_histograms_sum_counts_over_the_grids_of_a_task_and_scratchpad(
     assert plain.caption.endswith("summed over seeds 0, 1.") and full.caption.endswith("summed over seed 0.")
 
 
+def test_a_distance_histogram_s_title_counts_seeds_not_grids():
+    """One grid may hold several seeds (a matrix of seed pairs): its histogram sums all of them, and so does its
+    title's count."""
+    pair = one_seed_grid(0)
+    pair.runs.extend(make_cell("copy_repeat", pe, 1, 0.5) for pe in ("nope", "t5"))
+    plot = distance_histograms([pair, one_seed_grid(2)])["synthetic_distance_copy_repeat.png"]
+    assert plot.figure.get_suptitle().endswith("summed over 3 seeds)")
+    assert plot.caption.endswith("summed over seeds 0, 1, 2.")
+
+
 def test_the_jsd_figure_plots_each_pe_s_mean_over_seeds_beside_the_floor():
     by_seed = {0: {"T5": [0.1, 0.3], "ALiBi": [0.2, 0.2]}, 1: {"T5": [0.3, 0.5], "ALiBi": [0.4, 0.6]}}
     figures = jsd_by_layer([made_up_grid(by_seed, floors={1: (0, [0.05, 0.15])})])
@@ -81,7 +92,7 @@ def test_the_jsd_figure_plots_each_pe_s_mean_over_seeds_beside_the_floor():
     assert "mean over seeds 0, 1;" in figures["synthetic_jsd_scan.png"].caption
     drawn = lines(ax)
     assert drawn["T5 (2)"] == ([1, 2], [0.2, 0.4]) and np.allclose(drawn["ALiBi (2)"][1], [0.3, 0.4])
-    assert np.allclose(drawn["NoPE, other seed (1)"][1], [0.05, 0.15])
+    assert np.allclose(drawn[f"{FLOOR} (1)"][1], [0.05, 0.15])  # the name the attention table gives the floor
     assert jsd_by_layer([one_seed_grid(0)]) == {}  # no per-seed attention values: no figure
 
 

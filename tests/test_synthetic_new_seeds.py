@@ -312,6 +312,8 @@ def test_the_pre_registered_claims_await_seeds_3_to_5_and_judge_only_them():
     for claim_id in ("scratchpad_not_always_helpful", "scratchpad_format_matters"):
         assert row_of(table, claim_id)[11] == ("**awaiting new seeds (3, 4, 5)**: pre-registered on 2026-11-28; the "
                                               "seeds run before it do not judge it")
+    # the results hold both formats, at seeds the claims do not read: the reason says where it looked
+    assert [o.reason.split(", the results")[0] for o in outcomes] == ["among seeds 3, 4, 5"] * 2
     # seeds 3-5 ran after it: old seeds where it would fail, new ones where it holds; only the new judge
     both = formats(lambda t, s: 0.0, lambda t, s: 0.0, seeds=(0, 1, 2)) + formats(
         lambda t, s: 0.3 + 0.01 * s if t == "addition" else -0.01 * s, lambda t, s: 0.2 + 0.01 * s)

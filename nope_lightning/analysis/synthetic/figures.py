@@ -8,7 +8,7 @@ are not shown: with one grid per (task, seed) they would each show one seed.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable
 
 import numpy as np
@@ -86,14 +86,14 @@ def jsd_by_layer(grids: Iterable[SyntheticGridResult]) -> dict[str, Plot]:
             values = np.asarray([s.pes[pe] for s in by_seed.values() if pe in s.pes])
             ax.plot(layers, values.mean(0), marker="o", label=f"{pe} ({len(values)})")
         if floors:
-            ax.plot(layers, np.asarray(floors).mean(0), "k--", label=f"NoPE, other seed ({len(floors)})")
+            ax.plot(layers, np.asarray(floors).mean(0), "k--", label=f"{grid_plots.FLOOR} ({len(floors)})")
         ax.set(title=f"{task}: JSD of each PE's attention to NoPE's (seeds)", xlabel="layer",
                ylabel="min-head JSD (nats)", xticks=layers)
         ax.legend(fontsize=8)
         figures[f"synthetic_jsd_{task}.png"] = Plot(fig, (
             f"{task}: each PE's attention against NoPE's (min-head JSD per layer, the PE's seed count in "
-            f"brackets), {over_seeds({task: by_seed})}; dashed: NoPE against NoPE of another seed, the "
-            "floor."))
+            f"brackets), {over_seeds({task: by_seed})}; dashed: NoPE against NoPE of the grid's previous seed, "
+            "the floor."))
     return figures
 
 
@@ -102,27 +102,26 @@ def distance_histograms(grids: Iterable[SyntheticGridResult]) -> dict[str, Plot]
     ``{file name: Plot}``."""
     pooled: dict[tuple[str, str], dict[str, np.ndarray]] = defaultdict(dict)
     edges: dict[tuple[str, str], list[float]] = {}
-    n_grids: Counter[tuple[str, str]] = Counter()
     grid_seeds: dict[tuple[str, str], set[int]] = defaultdict(set)
     for grid in grids:
         scratchpads = {c.task: c.scratchpad for c in grid.runs}
         for task, attention in grid.attention.items():
             key = (task, scratchpads.get(task, "none"))
             edges[key] = attention.edges
-            n_grids[key] += 1
             grid_seeds[key] |= {c.seed for c in grid.runs if c.task == task}
             for pe, counts in attention.hist.items():
                 pooled[key][pe] = pooled[key].get(pe, 0) + np.asarray(counts)
     return {f"synthetic_distance_{task}{'' if s == 'none' else '_' + s}.png": Plot(
         grid_plots.plot_distance_hist(pooled[(task, s)], edges[(task, s)],
                                       f"{_panel_name(task, s)}: attended distance, OOD output queries "
-                                      f"(all layers and heads, {_seeds(n_grids[(task, s)])})"),
+                                      f"(all layers and heads, {_seeds(len(grid_seeds[(task, s)]))})"),
         f"{_panel_name(task, s)}: how far back each PE's attention reaches from the OOD output queries (all "
         f"layers and heads), summed over {seeds(grid_seeds[(task, s)])}.") for task, s in sorted(pooled)}
 
 
 def _seeds(n: int) -> str:
-    """How many grids (seeds) a pooled histogram sums: a figure of one seed does not say it sums seeds."""
+    """How many seeds a pooled histogram sums (a grid may hold several): a figure of one seed does not say it sums
+    seeds."""
     return "one seed" if n == 1 else f"summed over {n} seeds"
 
 

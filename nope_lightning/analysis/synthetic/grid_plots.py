@@ -64,7 +64,7 @@ def draw_curves(ax, curves: Mapping[str, Mapping[int, float]], train_max: int, t
 
 
 #: The NoPE-vs-NoPE floor's name in the attention plots and table.
-FLOOR = "NoPE, previous seed (floor)"
+FLOOR = "floor: NoPE, previous seed"
 
 
 def attention_figures(task: str, a: TaskAttention, train_max: int) -> dict:

@@ -35,7 +35,10 @@ def evaluate_claims(cells: Iterable[SyntheticCell], resamples: int = CLAIM_RESAM
         try:
             outcome = tests.get(claim.test, compare)(claim, own, resamples)
         except NotMeasured as missing:
-            reason = str(missing) + (" (tested only where the results hold both formats)" if claim.conditional else "")
+            # a pre-registered claim's reason speaks of its seeds: the results may hold what it lacks at others
+            among = f"among seeds {', '.join(map(str, claim.awaits))}, " if claim.awaits else ""
+            reason = among + str(missing) + (" (tested only where the results hold both formats)"
+                                             if claim.conditional else "")
             outcome = SyntheticOutcome(claim, "not measured", reason=reason)
         outcomes.append(replace(outcome, rejudge=lambda seeds, claim=claim: evaluate_claims(
             [c for c in cells if c.seed in seeds], resamples, [claim])[0]))
