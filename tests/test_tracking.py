@@ -1,5 +1,5 @@
 """Our MLflow experiment is marked as model training (MLflow 3's experiment kind), new or found without a kind;
-a step's run that a stop left KILLED is continued by its rerun."""
+a step's run that a stop left KILLED is continued by its rerun; a run names the machines that ran it."""
 
 from __future__ import annotations
 
@@ -59,3 +59,37 @@ def test_a_step_s_killed_run_is_continued_not_opened_again(tmp_path):
     killed = tracking.create_run(alone, "evaluate", "eval", config)
     tracking.end_run(alone, killed, "KILLED")
     assert tracking.create_run(alone, "evaluate", "eval", config) != killed
+
+
+def test_a_run_names_every_machine_that_trained_it(tmp_path, monkeypatch):
+    """A run records the machine it ran on (two CPUs can train different models from one config and seed); a run
+    continued elsewhere adds the second machine once, whatever times it is continued there."""
+    import dataclasses
+    import os
+    from pathlib import Path
+
+    import torch
+
+    from nope_lightning.runtime import owners
+
+    here = owners.machine()
+    # read independently: the torch build, its kernels' vector instructions, the threads and the cores
+    assert f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()});" in here
+    threads = torch.get_num_threads()
+    assert f"; {threads} thread{'s' if threads > 1 else ''};" in here and f" x{os.cpu_count()};" in here
+    if Path("/proc/cpuinfo").exists():
+        family = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("cpu family"))
+        assert f"(family {family.split(':')[1].strip()}, model " in here
+    parent = tracking.create_run(store(tmp_path), "pipeline", "p", store(tmp_path))
+    cfg = dataclasses.replace(store(tmp_path), parent_run_id=parent)
+    run = tracking.create_run(cfg, "evaluate", "eval", store(tmp_path, "config"))
+
+    def machines() -> str:
+        return tracking.client(cfg).get_run(run).data.tags[tracking.MACHINE_TAG]
+
+    assert machines() == here
+    monkeypatch.setattr(tracking, "machine", lambda: "another machine")
+    for _ in range(2):
+        tracking.end_run(cfg, run, "KILLED")
+        assert tracking.create_run(cfg, "evaluate", "eval", store(tmp_path, "config")) == run
+        assert machines() == f"{here} | another machine"

@@ -6,9 +6,9 @@ is always passed explicitly. Nothing here deletes a run or an artifact.
 
 Reliability: ``check_store`` (called by ``run_stage`` before any stage) fails in seconds, in one line, when
 the store or the artifact root cannot be reached or written, and closes runs whose process died (every run
-carries an owner tag: host, pid and the pid's start time). A new SQLite store's schema is created under a
-file lock, so processes started together on it do not race MLflow's migrations. Downloaded artifacts live
-in one temporary folder per process, removed when it exits.
+carries an owner tag: host, pid and the pid's start time; and a machine tag: CPU, torch, threads, GPU). A new
+SQLite store's schema is created under a file lock, so processes started together on it do not race MLflow's
+migrations. Downloaded artifacts live in one temporary folder per process, removed when it exits.
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ from nope_lightning.config.core import flatten, to_dict, to_yaml
 from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.runtime import stopping
 from nope_lightning.runtime.locks import file_lock
-from nope_lightning.runtime.owners import owner, owner_alive
+from nope_lightning.runtime.owners import machine, owner, owner_alive
 
 PARENT_TAG = "mlflow.parentRunId"
 OWNER_TAG = "nope_lightning.owner"
+MACHINE_TAG = "nope_lightning.machine"  # every machine that trained or continued the run, joined by " | "
 CONFIG_TAG = "nope_lightning.config_sha"  # the resolved config's sha256 (16 hex digits)
 #: MLflow 3's experiment kind: the UI's "Machine learning" kind, as opposed to "GenAI apps & agents". MLflow 3.4
 #: and 3.8 (checked) pick an experiment's first page from it (runs here, traces for GenAI); 3.17 follows its
@@ -216,6 +217,8 @@ def claim_run(cfg: TrackingConfig, run_id: str) -> None:
     """Continue ``run_id`` in this process: RUNNING again, owned by this process."""
     mlflow_client = client(cfg)
     mlflow_client.set_tag(run_id, OWNER_TAG, owner())
+    machines = mlflow_client.get_run(run_id).data.tags.get(MACHINE_TAG, "").split(" | ")
+    mlflow_client.set_tag(run_id, MACHINE_TAG, " | ".join(dict.fromkeys([*filter(None, machines), machine()])))
     mlflow_client.update_run(run_id, status="RUNNING")
 
 
@@ -231,7 +234,7 @@ def has_run(cfg: TrackingConfig, run_id: str) -> bool:
 
 
 def run_tags(cfg: TrackingConfig, stage: str) -> dict[str, str]:
-    tags = {"stage": stage, OWNER_TAG: owner()}
+    tags = {"stage": stage, OWNER_TAG: owner(), MACHINE_TAG: machine()}
     if cfg.parent_run_id:
         tags[PARENT_TAG] = cfg.parent_run_id
     return tags
