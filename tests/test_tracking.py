@@ -93,3 +93,18 @@ def test_a_run_names_every_machine_that_trained_it(tmp_path, monkeypatch):
         tracking.end_run(cfg, run, "KILLED")
         assert tracking.create_run(cfg, "evaluate", "eval", store(tmp_path, "config")) == run
         assert machines() == f"{here} | another machine"
+
+
+def test_gpus_are_named_from_the_driver_s_listing_without_initialising_cuda(tmp_path, monkeypatch):
+    import torch
+
+    from nope_lightning.runtime import owners
+
+    for bus, model in (("0000:01:00.0", "NVIDIA H200"), ("0000:02:00.0", "NVIDIA H200"), ("0000:03:00.0", "NVIDIA L4")):
+        (tmp_path / bus).mkdir()
+        (tmp_path / bus / "information").write_text(f"Model: \t\t {model}\nIRQ:   \t\t 42\n")
+    assert owners._gpus(tmp_path) == "NVIDIA H200 x2, NVIDIA L4 x1"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert owners._gpus(tmp_path / "absent") == "3 CUDA device(s)"  # no driver listing: the count alone
+    owners.machine()
+    assert not torch.cuda.is_initialized()

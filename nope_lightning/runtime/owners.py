@@ -61,6 +61,18 @@ def machine() -> str:
         info = {key.strip(): value.strip() for key, value in info.items()}
         cpu = f"{info['model name']} (family {info.get('cpu family', '?')}, model {info.get('model', '?')})"
     threads = torch.get_num_threads()
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    gpu = _gpus() if torch.cuda.is_available() else "no GPU"
     return (f"{cpu} x{os.cpu_count()}; torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}); "
             f"{threads} thread{'s' * (threads != 1)}; {gpu}")
+
+
+def _gpus(driver: Path = Path("/proc/driver/nvidia/gpus")) -> str:
+    """The CUDA devices, by model where the NVIDIA driver lists them in /proc (``"NVIDIA H200 x1"``), else by count:
+    torch would name them only by initialising CUDA, which a store check or a report run should not do."""
+    import torch
+
+    names = [line.split(":", 1)[1].strip() for info in sorted(driver.glob("*/information"))
+             for line in info.read_text().splitlines() if line.startswith("Model:")]
+    if not names:
+        return f"{torch.cuda.device_count()} CUDA device(s)"
+    return ", ".join(f"{name} x{names.count(name)}" for name in dict.fromkeys(names))
