@@ -34,10 +34,11 @@ def test_every_committed_bundle_has_its_report_listed_here():
 @pytest.mark.parametrize("folder", sorted(COMMITTED))
 def test_a_committed_report_is_made_again_to_the_byte_from_its_bundle(folder, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # the bundle's path as the README's command names it, which the provenance prints
-    args = [f"also=[{{results: {folder}/results}}]", *COMMITTED[folder], f"out_dir={tmp_path}"]
+    store = [f"tracking.uri=sqlite:///{tmp_path}/store/mlflow.db", f"tracking.artifact_root={tmp_path}/store/a"]
+    args = [f"also=[{{results: {folder}/results}}]", *COMMITTED[folder], *store, f"out_dir={tmp_path}/report"]
     made = Path(run_stage("report", stage_config("report", None, args))["markdown"])
     committed = REPO / folder
     assert made.read_text() == (committed / "report.md").read_text(), (
         f"{folder}/report.md is stale: make it again with `nope-lightning run report "
         f"\"also=[{{results: {folder}/results}}]\" {' '.join(COMMITTED[folder])} out_dir={folder}`")
-    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(p.name for p in committed.glob("*.png"))
+    assert sorted(p.name for p in made.parent.glob("*.png")) == sorted(p.name for p in committed.glob("*.png"))
