@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from nope_lightning.analysis.markdown import escape
 from nope_lightning.config import PipelineConfig, PipelineStep, load_config, to_yaml
 from nope_lightning.config.pipeline import ReportSource
 from nope_lightning.pipeline.steps import (
@@ -28,6 +29,7 @@ from nope_lightning.pipeline.steps import (
     substitute,
 )
 from nope_lightning.results.runkey import RunKey
+from nope_lightning.runtime.owners import machine
 from nope_lightning.stages.registry import get_stage, run_stage, stage_config
 from tests.conftest import REPO
 
@@ -394,6 +396,8 @@ def test_a_report_over_pipeline_runs_in_two_stores_pools_their_seeds(two_seeds, 
     body, provenance = text.split("\n## Provenance\n")
     assert first["run_id"] not in body and second["run_id"] not in body
     assert f"From the MLflow store {uri}:" in provenance and f"| `seed7` | {second['run_id']} |" in provenance
+    here = escape(machine())  # every pipeline run names the machine that ran it
+    assert provenance.count(f" | {here} |") == 2 and "not recorded" not in provenance
     assert "3 seeds: mean over seeds" in text  # nope: seeds 5 and 6 here, 7 there
     assert "| nope-tiny[seed=7] | nope |" in text.split("### Pre-training recipe of the models above")[1]
     twice = dataclasses.replace(both, also=[*both.also, *both.also])

@@ -39,11 +39,13 @@ EVAL = PipelineStep(id="eval_nope", stage="evaluate", label="nope", family="nope
                     model="pretrain_nope")
 
 
-def write_bundle(folder, name: str, run_id: str, cfg: PipelineConfig, placed: list[Placed], day: str):
+def write_bundle(folder, name: str, run_id: str, cfg: PipelineConfig, placed: list[Placed], day: str,
+                 machine: str = ""):
     path = folder.parent / f"{name}.yaml"
     folder.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(to_yaml(cfg))
-    return Bundle([(name, run_id)], [path], placed, dates={run_id: day}).write(folder)
+    return Bundle([(name, run_id)], [path], placed, dates={run_id: day},
+                  machines={run_id: machine} if machine else {}).write(folder)
 
 
 def study(root, extra_search: PipelineStep, again: float = 1.2) -> tuple:
@@ -84,6 +86,32 @@ def test_a_result_held_twice_is_counted_once_and_named_in_the_provenance(tmp_pat
     again = tmp_path / "again"
     report.run(ReportConfig(out_dir=str(again), bootstrap=100, also=[ReportSource(results=str(out / "results"))]))
     assert "read twice" not in (again / "report.md").read_text()
+
+
+def test_the_provenance_names_the_machines_that_ran_each_pipeline_where_recorded(tmp_path):
+    """A run tagged with its machines (one continued elsewhere names both, joined by " | ") gets them in a
+    provenance column, a run made before the tag reads "not recorded"; the report's bundle keeps them, and a
+    report of untagged runs alone has no such column (its tables as before)."""
+    committed, _ = study(tmp_path, SEARCH)
+    new = PipelineStep(id="eval_nope_15", stage="evaluate", label="nope lambda=1.5", family="nope",
+                       model="pretrain_nope", overrides=["extension.temperature.uniform=1.5"])
+    two = "CPU A x2; torch 2.14.1; 2 threads; no GPU | CPU B x16; torch 2.14.1; 16 threads; NVIDIA H200 x1"
+    tagged = write_bundle(tmp_path / "tagged" / "results", "toy_tagged", "c" * 32,
+                          PipelineConfig(name="toy_tagged", seeds=[3], steps=[PRETRAIN, new]),
+                          [Placed(RunKey("nope lambda=1.5", 3, (), "evaluate", "eval_nope_15"), "n15-3",
+                                  evaluation("n15", 3))], "2026-12-01", machine=two)
+    out = tmp_path / "report"
+    report.run(ReportConfig(out_dir=str(out), bootstrap=100,
+                            also=[ReportSource(results=str(committed)), ReportSource(results=str(tagged))]))
+    provenance = (out / "report.md").read_text().split("## Provenance")[1]
+    assert provenance.count("| pipeline | run id | ran (UTC day) | machine |") == 2
+    assert f"| `toy` | {'a' * 32} | 2026-11-26 | not recorded |" in provenance
+    assert f"| `toy_tagged` | {'c' * 32} | 2026-12-01 | {two.replace('|', chr(92) + '|')} |" in provenance
+    assert Bundle.read(out / "results").machines == {"c" * 32: two}
+    alone = tmp_path / "alone"
+    report.run(ReportConfig(out_dir=str(alone), bootstrap=100, also=[ReportSource(results=str(committed))]))
+    assert "| pipeline | run id | ran (UTC day) |\n" in (alone / "report.md").read_text()
+    assert "machines" not in (alone / "results" / "index.json").read_text()
 
 
 def test_a_step_measured_again_with_other_results_still_stops_the_report(tmp_path):

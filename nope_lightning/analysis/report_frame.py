@@ -90,17 +90,21 @@ def plots_section(names: Sequence[str], captions: Mapping[str, str]) -> str:
                                         for n, name in enumerate(names, 1))
 
 
-def provenance_section(runs: Sequence[tuple[str, str, str]], dates: Mapping[str, str]) -> str:
-    """Every ``(pipeline name, run id, where it was read from)``, in the order read, with the day it ran: one
-    table per source (a bundle holds many runs)."""
+def provenance_section(runs: Sequence[tuple[str, str, str]], dates: Mapping[str, str],
+                       machines: Mapping[str, str] | None = None) -> str:
+    """Every ``(pipeline name, run id, where it was read from)``, in the order read, with the day it ran and,
+    when any run recorded them, the machines that ran it (``machines``: run id -> its machine tag; a run made
+    before runs were tagged reads "not recorded"): one table per source (a bundle holds many runs)."""
+    machines = machines or {}
+    columns = ["pipeline", "run id", "ran (UTC day)", *(["machine"] if machines else [])]
     by_origin: dict[str, list[list[str]]] = {}
     for name, run_id, origin in runs:
-        by_origin.setdefault(origin, []).append([f"`{name}`", run_id, dates.get(run_id, MISSING)])
+        by_origin.setdefault(origin, []).append([f"`{name}`", run_id, dates.get(run_id, MISSING),
+                                                 *([machines.get(run_id, "not recorded")] if machines else [])])
     return ("## Provenance\n\nThe pipeline runs this report read, in the order read; the title names their "
             "study by the words all their names start with (by the first one's name when they share "
             "none).\n\n"
-            + "\n\n".join(f"From the {origin}:\n\n" + render(["pipeline", "run id", "ran (UTC day)"], rows)
-                           for origin, rows in by_origin.items()))
+            + "\n\n".join(f"From the {origin}:\n\n" + render(columns, rows) for origin, rows in by_origin.items()))
 
 
 RECIPE_KEYS = ("model.pos_encoding", "model.ssmax", "model.n_layer", "model.n_embd", "data.corpus", "train_len",

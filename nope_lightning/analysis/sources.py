@@ -97,6 +97,11 @@ class StoreSource:
         start = tracking.client(self.store).get_run(self.run).info.start_time
         return {self.run: datetime.fromtimestamp(start / 1000, UTC).date().isoformat()}
 
+    def machines(self) -> dict[str, str]:
+        """The machines that ran the pipeline run (its ``tracking.MACHINE_TAG``), none for a run made before it."""
+        tag = tracking.client(self.store).get_run(self.run).data.tags.get(tracking.MACHINE_TAG)
+        return {self.run: tag} if tag else {}
+
     def configs(self) -> list[Path | None]:
         """The experiment file the pipeline run logged (``config.yaml``), None when it logged none."""
         names = {a.path for a in tracking.client(self.store).list_artifacts(self.run)}
@@ -140,6 +145,9 @@ class BundleSource:
 
     def dates(self) -> dict[str, str]:
         return dict(self.bundle.dates)
+
+    def machines(self) -> dict[str, str]:
+        return dict(self.bundle.machines)
 
     def configs(self) -> list[Path | None]:
         return list(self.bundle.configs)

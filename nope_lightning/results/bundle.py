@@ -9,8 +9,10 @@ apart are reported together from what is committed, and the report can be regene
 
 Layout (``VERSION`` 1)::
 
-    index.json                  pipelines, configs, results (file, run name, tags), pretrains, files, and
+    index.json                  pipelines, configs, results (file, run name, tags), pretrains, files,
                                 ``dates`` (pipeline run id -> the day it ran, ISO, UTC; absent in older bundles)
+                                and ``machines`` (pipeline run id -> its ``nope_lightning.machine`` tag: every
+                                machine that ran it; absent where no run recorded one)
     pipeline-<run id>.yaml      each pipeline run's experiment file, as it logged it
     <stage>/<method>-s<seed>[-<point>][-<label>].json.gz   (label: what the result holds, e.g. taskparity,
                                                          penope_t5 for a slice of two PEs)
@@ -65,7 +67,8 @@ class Recipe:
 class Bundle:
     """What a report read. ``pipelines``: ``(name, run id)`` of every pipeline run behind it; ``configs``: the
     experiment file each logged (``None`` where it logged none), in the same order; ``dates``: pipeline run id ->
-    the day it ran (ISO, UTC), where known (a report lists the claim rules changed after it)."""
+    the day it ran (ISO, UTC), where known (a report lists the claim rules changed after it); ``machines``:
+    pipeline run id -> the machines that ran it, where recorded (runs made before the tag have none)."""
 
     pipelines: list[tuple[str, str]]
     configs: list[Path | None]
@@ -73,6 +76,7 @@ class Bundle:
     pretrains: list[Recipe] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     dates: dict[str, str] = field(default_factory=dict)
+    machines: dict[str, str] = field(default_factory=dict)
 
     def write(self, folder: str | Path) -> Path:
         """Write the bundle into ``folder`` (emptied first: a bundle is exactly one report's results). What it
@@ -99,7 +103,8 @@ class Bundle:
             (folder / "files" / name).write_bytes(data)
         index = {"version": VERSION, "pipelines": [list(p) for p in self.pipelines], "configs": [c and c[0] for c in configs],
                  "results": entries, "pretrains": [{"name": r.name, "params": r.params} for r in self.pretrains],
-                 "files": [name for name, _ in files], **({"dates": self.dates} if self.dates else {})}
+                 "files": [name for name, _ in files], **({"dates": self.dates} if self.dates else {}),
+                 **({"machines": self.machines} if self.machines else {})}
         (folder / INDEX).write_text(json.dumps(index, indent=1) + "\n")
         return folder
 
@@ -121,7 +126,8 @@ class Bundle:
             return cls(pipelines=[(name, run) for name, run in index["pipelines"]],
                        configs=[None if c is None else folder / c for c in index["configs"]], results=results,
                        pretrains=[Recipe(r["name"], dict(r["params"])) for r in index["pretrains"]],
-                       files=[folder / "files" / name for name in index["files"]], dates=dict(index.get("dates", {})))
+                       files=[folder / "files" / name for name in index["files"]], dates=dict(index.get("dates", {})),
+                       machines=dict(index.get("machines", {})))
         except (KeyError, TypeError, OSError, EOFError, json.JSONDecodeError, gzip.BadGzipFile) as error:
             raise ValueError(f"{folder}: damaged results bundle ({type(error).__name__}: {error}); restore it "
                              f"from git (git checkout -- {folder}) or rerun the report that wrote it") from error

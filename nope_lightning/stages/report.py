@@ -101,6 +101,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     sources = report_sources.open_sources(cfg)
     dates = {run: day for source in sources for run, day in source.dates().items()}
+    machines = {run: names for source in sources for run, names in source.machines().items()}
     configs = [path for source in sources for path in source.configs()]  # downloaded once, read twice
     claim_ids, axes, resamples, matrix_keys, methods = report_sources.pipeline_settings(cfg, configs)
     if cfg.claims is None:  # a study split into files judges every file's claims, and those only files together can
@@ -166,12 +167,12 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     pipelines = [(name, run_id) for name, run_id, _ in read]
     text = "\n\n".join(s for s in [report_frame.heading(pipelines), *sections,
                                      report_frame.plots_section(sorted(captions), captions),
-                                     report_frame.provenance_section(read, dates), index.remeasured_line(),
+                                     report_frame.provenance_section(read, dates, machines), index.remeasured_line(),
                                      report_sources.reading_line(cfg, sources)] if s) + "\n"
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(markdown.html_page(text, out,
                                                         f"Report: {report_frame.study_name(pipelines)}"))
-    Bundle(pipelines, configs, found.placed, found.recipes, found.files, dates).write(out / "results")
+    Bundle(pipelines, configs, found.placed, found.recipes, found.files, dates, machines).write(out / "results")
     if cfg.run:  # into the pipeline's own run (no run of its own): a rerun overwrites the same artifacts and metrics
         tracking.log_artifacts(cfg.tracking, cfg.run, out, "report")
         logged = tracking.client(cfg.tracking).get_run(cfg.run).data.metrics
