@@ -38,7 +38,8 @@ def test_a_committed_report_is_made_again_to_the_byte_from_its_bundle(folder, tm
     args = [f"also=[{{results: {folder}/results}}]", *COMMITTED[folder], *store, f"out_dir={tmp_path}/report"]
     made = Path(run_stage("report", stage_config("report", None, args))["markdown"])
     committed = REPO / folder
+    again = " ".join(["nope-lightning run report", f'"also=[{{results: {folder}/results}}]"', *COMMITTED[folder],
+                      f"out_dir={folder}"])
     assert made.read_text() == (committed / "report.md").read_text(), (
-        f"{folder}/report.md is stale: make it again with `nope-lightning run report "
-        f"\"also=[{{results: {folder}/results}}]\" {' '.join(COMMITTED[folder])} out_dir={folder}`")
+        f"{folder}/report.md is stale: make it again with `{again}`")
     assert sorted(p.name for p in made.parent.glob("*.png")) == sorted(p.name for p in committed.glob("*.png"))
