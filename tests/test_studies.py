@@ -109,3 +109,34 @@ def test_the_seed_count_says_how_many_of_the_files_seeds_have_committed_results(
     assert read_study(folder).seed_count() == "4"
     (folder / "b.yaml").write_text("extends: a.yaml\nname: b\nseeds: [3, 5]\n")
     assert read_study(folder).seed_count() == "4 of 5"
+
+
+def test_the_seed_count_reads_every_committed_bundle_and_the_seeds_inside_a_grid(tmp_path):
+    """A study that reports its new seeds apart (``results/``) and all its seeds pooled (``all_seeds/``) has
+    results of every seed the second holds; a grid placed without a seed tag (it runs its own seeds, a matrix
+    of seed pairs) holds the seeds of its cells."""
+    import dataclasses
+
+    from nope_lightning.results.bundle import Bundle, Placed
+    from nope_lightning.results.runkey import RunKey
+    from nope_lightning.results.studies import read_study
+    from tests.test_results import CELL, GRID
+
+    def grid(*seeds: int):
+        return dataclasses.replace(GRID, runs=[dataclasses.replace(CELL, seed=s) for s in seeds])
+
+    folder = tmp_path / "race"
+    folder.mkdir()
+    (folder / "README.md").write_text("---\nquestion: Does it?\n---\n")
+    (folder / "race.yaml").write_text("name: race\nseeds: [0, 1, 2, 3]\nsteps: [{id: grid, stage: synthetic-grid}]\n")
+    (folder / "results").mkdir()
+    (folder / "results/report.md").write_text("# report\n")
+    key = RunKey("grid", None, (), "synthetic-grid", "grid")
+    Bundle([("race", "a")], [None], [Placed(dataclasses.replace(key, seed=3), "g3", grid(3))]).write(
+        folder / "results/results")
+    assert read_study(folder).seed_count() == "1 of 4"
+    Bundle([("race", "a")], [None], [Placed(dataclasses.replace(key, seed=s), f"g{s}", grid(s))
+                                     for s in (0, 3)]).write(folder / "all_seeds/results")
+    assert read_study(folder).reported_seeds == (0, 3)
+    Bundle([("race", "b")], [None], [Placed(key, "pairs", grid(1, 2))]).write(folder / "pairs/results")
+    assert (read_study(folder).reported_seeds, read_study(folder).seed_count()) == ((0, 1, 2, 3), "4")

@@ -122,7 +122,7 @@ class Bundle:
             if not isinstance(version, int) or version > VERSION:
                 raise ValueError(f"{folder} is a results bundle of format version {version}, newer than this "
                                  f"nope-lightning reads ({VERSION}); upgrade nope-lightning to read it")
-            results = [_load(folder, entry) for entry in index["results"]]
+            results = [load_entry(folder, entry) for entry in index["results"]]
             return cls(pipelines=[(name, run) for name, run in index["pipelines"]],
                        configs=[None if c is None else folder / c for c in index["configs"]], results=results,
                        pretrains=[Recipe(r["name"], dict(r["params"])) for r in index["pretrains"]],
@@ -133,7 +133,8 @@ class Bundle:
                              f"from git (git checkout -- {folder}) or rerun the report that wrote it") from error
 
 
-def _load(folder: Path, entry: dict[str, Any]) -> Placed:
+def load_entry(folder: Path, entry: dict[str, Any]) -> Placed:
+    """One result of the bundle in ``folder``: ``entry`` is its row of the index's ``results``."""
     key = RunKey.from_tags(entry["tags"], entry["run_name"])
     if key.stage not in STAGE_RESULTS:
         raise KeyError(f"stage {key.stage!r} of {entry['file']}")

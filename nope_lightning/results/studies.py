@@ -22,7 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from nope_lightning.config.core import load_config
 from nope_lightning.config.pipeline import PipelineConfig
-from nope_lightning.results.bundle import INDEX
+from nope_lightning.results.bundle import INDEX, load_entry
 from nope_lightning.results.runkey import RunKey
 
 #: The verdicts a claim can get (``analysis/lengthgen/claims.py``; "too few tasks learned" is paper 002's,
@@ -114,13 +114,20 @@ class Study:
 
     @property
     def reported_seeds(self) -> tuple[int, ...]:
-        """The seeds the committed bundle holds results of (its index's ``seed`` tags), sorted; () without one."""
-        index = self.folder / "results/results" / INDEX
-        if not index.is_file():
-            return ()
-        # The index alone (Bundle.read would decompress every result): its tags, read as RunKeys are
-        keys = [RunKey.from_tags(e["tags"], e["run_name"]) for e in json.loads(index.read_text())["results"]]
-        return tuple(sorted({key.seed for key in keys if key.seed is not None}))
+        """The seeds the study's committed bundles hold results of, sorted; () without one. Every bundle counts
+        (``results/results``, and any other report's, as the race's six seeds pooled in ``all_seeds/results``
+        beside its new seeds' ``results/results``): each result's ``seed`` tag, or for a synthetic grid placed
+        without one (a grid that runs its own seeds, e.g. a matrix of seed pairs) the seeds of its cells."""
+        seeds: set[int] = set()
+        for index in self.folder.glob(f"**/results/{INDEX}"):
+            # The index alone where its tags tell (Bundle.read would decompress every result)
+            for entry in json.loads(index.read_text())["results"]:
+                key = RunKey.from_tags(entry["tags"], entry["run_name"])
+                if key.seed is not None:
+                    seeds.add(key.seed)
+                elif key.stage == "synthetic-grid":
+                    seeds |= {cell.seed for cell in load_entry(index.parent, entry).result.runs}
+        return tuple(sorted(seeds))
 
     def seed_count(self) -> str:
         """``4 of 8`` while the committed results hold fewer seeds than the files run, else the count (— for none).
