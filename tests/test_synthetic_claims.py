@@ -557,3 +557,27 @@ def test_tiny_runs_of_two_pes_record_paired_examples(tracking_overrides, tmp_pat
         assert len(cell.ood_correct) == cfg.n_test and np.mean(cell.ood_correct) == pytest.approx(cell.ood_acc)
     assert cells[0].test_digest == cells[1].test_digest == problems_digest(stage.SyntheticData(cfg).test)
     assert CellIndex(cells).grid([cfg.task], [0], [("none", "nope"), ("none", "alibi")]).shape == (1, 1, 2)
+
+
+def test_the_scratchpad_errors_table_sums_seeds_and_reads_shares_and_median_steps():
+    """Two seeds of NoPE's parity (full) cell: 3 + 1 wrong outputs, 3 first wrong in the remaining input (steps 2, 5,
+    9: median 5) and 1 in the answer (step 12); T5's one seed, 2 in the output. By hand: 75 % (step 5), 25 % (step
+    12); T5 100 % (step 3). Cells that recorded nothing make no table."""
+    import dataclasses
+
+    from nope_lightning.analysis.synthetic.tables import scratchpad_errors_table
+
+    def cell(pe, seed, errors):
+        return dataclasses.replace(make_cell("parity", pe, seed, 0.5, scratchpad="full"), scratchpad_errors=errors)
+
+    cells = [cell("nope", 3, {"remaining_input": [2, 9], "answer": [12]}), cell("nope", 4, {"remaining_input": [5]}),
+             cell("t5", 3, {"step_output": [3, 4]}), make_cell("parity", "alibi", 3, 0.5, scratchpad="full")]
+    table = scratchpad_errors_table(cells)
+    assert "| task (format) | PE | seeds | wrong OOD outputs | output | remaining input | answer |" in table
+    assert "| parity (full) | NoPE | 3, 4 | 4 | — | 75% (step 5) | 25% (step 12) |" in table
+    assert "| parity (full) | T5 | 3 | 2 | 100% (step 3) | — | — |" in table
+    assert table.index("| NoPE |") < table.index("| T5 |") and "ALiBi" not in table
+    assert scratchpad_errors_table(cells[3:]) == ""
+    round_trip = SyntheticCell.from_dict(cells[0].to_dict(), "cell")
+    assert round_trip.scratchpad_errors == cells[0].scratchpad_errors
+    assert "scratchpad_errors" not in cells[3].to_dict()

@@ -23,11 +23,12 @@ from nope_lightning.analysis.synthetic.grid import (
 from nope_lightning.config import load_config
 from nope_lightning.config.synthetic import SyntheticConfig, SyntheticGridConfig
 from nope_lightning.data.synthetic_batches import IGNORE, pad_batch
-from nope_lightning.results import BucketAccuracy
+from nope_lightning.results import BucketAccuracy, SyntheticCell
 from nope_lightning.stages import synthetic as stage
 from nope_lightning.stages import synthetic_grid
 from nope_lightning.stages.registry import run_stage, stage_config
 from nope_lightning.synthetic import BOS, EOS, SEP, Example, Vocabulary, make_split
+from nope_lightning.synthetic.scratchpad import ERROR_KINDS
 from tests.conftest import REPO
 
 TINY = REPO / "conf/synthetic/tiny.yaml"
@@ -168,6 +169,30 @@ def test_exact_match_scoring_on_hand_made_predictions():
     assert stage.score(vocab, [example] * len(predictions), generated) == list(predictions.values())
 
 
+def test_scratchpad_errors_read_the_wrong_ood_outputs_only():
+    """Of parity's full-scratchpad outputs: a right one and a wrong in-distribution one are not read; two wrong OOD
+    ones, by hand, first go wrong in the remaining input at step 2 and in the answer after all 5 steps."""
+    vocab = Vocabulary.for_task("parity")
+    ood = make_split("parity", "test", 3, seed=0, scratchpad="full", train_max_len=4, test_max_len=5)
+    short = make_split("parity", "train", 1, seed=0, scratchpad="full", train_max_len=2)
+    flip = {"even": "odd", "odd": "even"}
+    right, rem_wrong, answer_wrong = (list(e.target) for e in ood)
+    cut = [i for i, t in enumerate(rem_wrong) if t == "<rem>"][1] + 1  # step 2's remaining input
+    rem_wrong[cut] = "1" if rem_wrong[cut] == "0" else "0"
+    answer_wrong[-1] = flip[answer_wrong[-1]]
+    outputs = [right, rem_wrong, answer_wrong, ["<ans>", flip[short[0].answer[0]]]]
+    generated = [vocab.encode_tokens([*tokens, EOS]) for tokens in outputs]
+    examples = [*ood, *short]
+    correct = stage.score(vocab, examples, generated)
+    assert correct == [True, True, False, False]  # a wrong scratchpad may still end right
+    found = stage.scratchpad_errors(vocab, examples, generated, correct, train_max=4, scratchpad="full")
+    assert found == {"answer": [5]}
+    correct[1] = False  # as if its answer were wrong too: read where its steps went wrong first
+    found = stage.scratchpad_errors(vocab, examples, generated, correct, train_max=4, scratchpad="full")
+    assert found == {"remaining_input": [2], "answer": [5]}
+    assert stage.scratchpad_errors(vocab, examples, generated, [False] * 4, train_max=4, scratchpad="none") == {}
+
+
 def test_bucket_accuracies_split_id_and_ood():
     examples = [Example([], [], [], length) for length in (1, 2, 2, 3, 4, 4)]
     correct = [True, True, False, True, False, False]
@@ -198,6 +223,20 @@ def test_tiny_run_logs_metrics_and_artifacts(tracking_overrides, tmp_path):
     assert {"results.json", "per_length_acc.png", "model.safetensors", "config.yaml"} <= artifacts
     logged = Path(client.download_artifacts(run.info.run_id, "results.json", str(tmp_path)))
     assert json.loads(logged.read_text())["ood_acc"] == result["ood_acc"]
+
+
+def test_a_scratchpad_cell_records_where_each_wrong_ood_output_first_went_wrong(tracking_overrides):
+    """A tiny parity cell with the full scratchpad (8 steps: it learns nothing): every wrong OOD output has one first
+    error, so the kinds' steps count the zeros of ``ood_correct``; a cell without a scratchpad records none."""
+    cfg = load_config(SyntheticConfig, TINY, [*tracking_overrides, "task=parity", "scratchpad=full",
+                                              "model.max_positions=400", "log_model=false"])
+    result = stage.run(cfg)
+    cell = SyntheticCell.from_dict(json.loads(Path(MlflowClient(cfg.tracking.uri).download_artifacts(
+        result["run_id"], "results.json", str(Path(cfg.tracking.artifact_root).parent))).read_text()), "cell")
+    wrong = cell.ood_correct.count(False)
+    assert wrong > 0 and sum(map(len, cell.scratchpad_errors.values())) == wrong
+    assert set(cell.scratchpad_errors) <= set(ERROR_KINDS)
+    assert all(1 <= s <= cell.test_max_len for steps in cell.scratchpad_errors.values() for s in steps)
 
 
 def test_tiny_grid_nests_children_and_logs_the_aggregate(tracking_overrides, tmp_path):

@@ -36,7 +36,13 @@ from nope_lightning.synthetic.core import as_random, number
 from nope_lightning.synthetic.pcfg import FUNCTIONS, MAX_FUNCTIONS, MAX_OUTPUT, interpret
 from nope_lightning.synthetic.scan import all_commands
 from nope_lightning.synthetic.scan import interpret as scan_interpret
-from nope_lightning.synthetic.scratchpad import step
+from nope_lightning.synthetic.scratchpad import (
+    MARKERS,
+    SCRATCHPAD_MARKERS,
+    STEP_MARKER,
+    first_error,
+    step,
+)
 from nope_lightning.synthetic.tasks import is_large
 
 COPY_REVERSE = {
@@ -341,6 +347,50 @@ def test_scratchpad_round_trip(task, fmt):
         assert render_scratchpad(steps, answer, fmt) == example.target
         assert all(set(s) == keep for s in steps)
         assert exact_match(example.target, example)
+
+
+def test_first_error_names_the_step_and_component_where_a_scratchpad_goes_wrong():
+    """By hand on addition's full scratchpad (three steps): a wrong carry, a dropped remainder, a step skipped, a run
+    past the last step, a truncated output without <ans>, a step that does not parse, and a wrong final answer."""
+    gold = render_scratchpad(addition_steps(number(357), number(48)), number(405), "full")
+    text = " ".join(gold)
+
+    def at(wrong: str) -> tuple[str, int]:
+        return first_error(gold, [*wrong.split(), EOS], "full")
+
+    assert at(text.replace("carry = 1 <rem> 3 +", "carry = 0 <rem> 3 +")) == ("intermediate_variables", 2)
+    assert at(text.replace("<rem> 3 5 + 4", "<rem> 3 5 +")) == ("remaining_input", 1)
+    assert at(text.split(" <step> <in> 3 , 0")[0] + " <ans> 4 0 5") == ("fewer steps", 3)
+    assert at(text.replace(" <ans>", " <step> <in> 0 , 0 <ans>")) == ("more steps", 4)
+    assert at(text.split(" <out> 4")[0]) == ("step_output", 3)  # cut off mid-step, no <ans>
+    assert at(text.replace("<step> <in> 5 , 4", "<step> 5 , 4")) == ("format", 2)
+    assert at(text.replace("<ans> 4 0 5", "<ans> 4 1 5")) == ("answer", 3)
+    assert at(text.replace("<ans> 4 0 5", "")) == ("answer", 3)  # every step right, no answer
+    with pytest.raises(ValueError, match="format 'none' has no steps"):
+        first_error(["4"], ["5"], "none")
+
+
+@pytest.mark.parametrize(("task", "fmt"), [(t, f) for t, f in FORMATTED if f != "none"])
+def test_first_error_agrees_with_the_first_differing_token(task, fmt):
+    """Oracle: one content token of a scratchpad changed, the first error is the step and component of the first
+    token where prediction and target differ (the step counted by <step> markers before it, the component by the
+    last marker before it)."""
+    rng = random.Random(0)
+    markers = {marker: name for name, marker in MARKERS.items()}
+    checked = 0
+    for example in examples(task, per_length=1, scratchpad=fmt):
+        body = example.target[: example.target.index(ANSWER_MARKER)]
+        content = [i for i, token in enumerate(body) if token not in SCRATCHPAD_MARKERS]
+        if not content:
+            continue
+        i = rng.choice(content)
+        wrong = list(example.target)
+        wrong[i] = "X"
+        step_number = body[:i].count(STEP_MARKER) + 1
+        component = markers[next(t for t in reversed(body[:i]) if t in markers)]
+        assert first_error(example.target, wrong, fmt) == (component, step_number), (task, fmt, i)
+        checked += 1
+    assert checked >= 3
 
 
 def test_declared_components_match_the_gold_steps():

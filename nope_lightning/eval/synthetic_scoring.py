@@ -1,5 +1,5 @@
 """Exact match of the synthetic tasks' decoded outputs: per example (``score``), per length bucket
-(``bucket_accuracies``), and the report of the held-out in-distribution test split (``log_id_test``: problems at the
+(``bucket_accuracies``), where a scratchpad's wrong outputs first go wrong (``scratchpad_errors``), and the report of the held-out in-distribution test split (``log_id_test``: problems at the
 training lengths that neither training nor validation holds, decoded with the weights validation selected)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from nope_lightning.config.parts import TrackingConfig
 from nope_lightning.results.synthetic import BucketAccuracy, problems_digest
 from nope_lightning.runtime import tracking
 from nope_lightning.synthetic import Example, Vocabulary, exact_match, length_bucket
+from nope_lightning.synthetic.scratchpad import ERROR_KINDS, first_error
 
 
 def score(vocab: Vocabulary, examples: Sequence[Example], generated: Sequence[list[int]]) -> list[bool]:
@@ -34,6 +35,21 @@ def bucket_accuracies(examples: Sequence[Example], correct: Sequence[bool], trai
         groups[length_bucket(example.length, width)].append(ok)
     return [BucketAccuracy(label, "ood" if bucket_start(label) > train_max else "id", len(oks), float(np.mean(oks)))
             for label, oks in sorted(groups.items(), key=lambda item: bucket_start(item[0]))]
+
+
+def scratchpad_errors(vocab: Vocabulary, examples: Sequence[Example], generated: Sequence[list[int]],
+                      correct: Sequence[bool], train_max: int, scratchpad: str) -> dict[str, list[int]]:
+    """Where each wrong out-of-distribution output of a scratchpad cell first departs from its target
+    (``synthetic.scratchpad.first_error``): per kind met (in ``ERROR_KINDS`` order), the steps (1-based) where that
+    happened, sorted. ``{}`` for a cell without a scratchpad (its output is the answer alone)."""
+    if scratchpad == "none":
+        return {}
+    found: dict[str, list[int]] = defaultdict(list)
+    for example, ids, ok in zip(examples, generated, correct, strict=True):
+        if not ok and example.length > train_max:
+            what, step = first_error(example.target, vocab.decode(ids), scratchpad)
+            found[what].append(step)
+    return {kind: sorted(found[kind]) for kind in ERROR_KINDS if kind in found}
 
 
 def log_id_test(track: TrackingConfig, run_id: str, prefix: str, vocab: Vocabulary, examples: Sequence[Example],

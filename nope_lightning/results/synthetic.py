@@ -66,8 +66,10 @@ class SyntheticCell(ResultFile):
     training lengths kept apart from the validation split that selected the weights), overall and per length
     bucket; None / empty for a cell run without one. ``steps`` is where training ended; ``stopped_by_rule``: True
     when the stopping rule ended it (validation ID exact match held at its threshold), False when it ran to its
-    cap, None when the cell did not record it. The three keys are written only when set, so a cell without them
-    writes what it always did."""
+    cap, None when the cell did not record it. ``scratchpad_errors``: for a scratchpad cell, where its wrong OOD
+    outputs first went wrong (``eval.synthetic_scoring.scratchpad_errors``: kind -> the steps, 1-based); empty
+    without a scratchpad, or in a cell run before it was recorded. The four keys are written only when set, so a
+    cell without them writes what it always did."""
 
     KIND = "synthetic"
     VERSION = 2
@@ -94,6 +96,7 @@ class SyntheticCell(ResultFile):
     id_test_acc: float | None = None
     id_test_buckets: list[BucketAccuracy] = field(default_factory=list)
     stopped_by_rule: bool | None = None
+    scratchpad_errors: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def id_score(self) -> tuple[float, str]:
@@ -109,7 +112,8 @@ class SyntheticCell(ResultFile):
                                              "test_digest")}
         later = {**({"id_test_acc": self.id_test_acc} if self.id_test_acc is not None else {}),
                  **({"id_test_buckets": [vars(b) for b in self.id_test_buckets]} if self.id_test_buckets else {}),
-                 **({"stopped_by_rule": self.stopped_by_rule} if self.stopped_by_rule is not None else {})}
+                 **({"stopped_by_rule": self.stopped_by_rule} if self.stopped_by_rule is not None else {}),
+                 **({"scratchpad_errors": self.scratchpad_errors} if self.scratchpad_errors else {})}
         return {**out, **later, "ood_correct": "".join("1" if ok else "0" for ok in self.ood_correct),
                 "buckets": [vars(b) for b in self.buckets], "errors": [vars(e) for e in self.errors]}
 

@@ -51,7 +51,7 @@ from nope_lightning.config.parts import ModelConfig
 from nope_lightning.config.synthetic import PAPER_NAMES, SyntheticConfig
 from nope_lightning.data.synthetic_batches import SyntheticData
 from nope_lightning.eval.generate import greedy_decode
-from nope_lightning.eval.synthetic_scoring import bucket_accuracies, log_id_test, score
+from nope_lightning.eval.synthetic_scoring import bucket_accuracies, log_id_test, score, scratchpad_errors
 from nope_lightning.model.gpt import GPT, count_parameters
 from nope_lightning.results.synthetic import Failure, SyntheticCell, problems_digest
 from nope_lightning.runtime import tracking
@@ -219,6 +219,8 @@ def train_and_evaluate(cfg: SyntheticConfig, checkpoints: Path) -> Trained:
         tuple(by_example[id(e)] for e in data.test), problems_digest(data.test))
     stopped = stop_metrics(trainer, callbacks)
     tracking.log_metrics(cfg.tracking, run_id, stopped, step=trainer.global_step)
+    result = dataclasses.replace(result, scratchpad_errors=scratchpad_errors(
+        data.vocab, data.evaluation, generated, correct, cfg.train_max, cfg.scratchpad))
     if cfg.stop_at:  # a cell trained without the rule keeps its results.json as before
         result = dataclasses.replace(result, stopped_by_rule=bool(stopped["stop/rule_met"]))
     if data.id_test:

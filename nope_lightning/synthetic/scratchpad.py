@@ -114,6 +114,44 @@ def parse_scratchpad(tokens: Sequence[str], scratchpad: str) -> tuple[list[Step]
     return [_parse_step(chunk, keep) for chunk in _split(body, STEP_MARKER)], answer
 
 
+#: What ``first_error`` names as where a prediction first departs from its target: a component of a step, or
+#: ``format`` (a step that does not parse), ``fewer steps`` / ``more steps`` (every step both hold agrees, one holds
+#: more), ``answer`` (every step right, the answer after them wrong or missing).
+ERROR_KINDS = (*COMPONENTS, "format", "fewer steps", "more steps", "answer")
+
+
+def first_error(target: Sequence[str], predicted: Sequence[str], scratchpad: str) -> tuple[str, int]:
+    """Where a scratchpad prediction first departs from its target: ``(what, step)``, ``what`` one of
+    ``ERROR_KINDS`` and ``step`` 1-based.
+
+    ``target`` is the gold scratchpad and answer (as :func:`render_scratchpad` writes them), ``predicted`` the
+    generated tokens (optionally ending in ``<eos>``, a prediction without ``<ans>`` read as steps alone). Steps
+    are compared in order; in the first that differs, its first differing component in the format's order is
+    named (a component one side lacks differs too); a step that does not parse is ``format``. When every step both
+    hold agrees, the one holding more names the next step (``fewer steps``, ``more steps``), else the answer is
+    wrong (``answer``, at the last step). Only a wrong prediction has a first error: a right one reads
+    ``("answer", n)`` as well, so call it on wrong ones.
+    """
+    keep = enabled_components(scratchpad)
+    if not keep:
+        raise ValueError("first_error reads scratchpads: format 'none' has no steps")
+    gold_steps, _ = parse_scratchpad(target, scratchpad)
+    tokens = _until_eos(list(predicted))
+    if ANSWER_MARKER in tokens:
+        tokens = tokens[: len(tokens) - 1 - tokens[::-1].index(ANSWER_MARKER)]
+    chunks = _split(tokens, STEP_MARKER)
+    for number, (gold, chunk) in enumerate(zip(gold_steps, chunks, strict=False), 1):
+        try:
+            made = _parse_step(chunk, keep)
+        except ValueError:
+            return "format", number
+        if wrong := next((name for name in keep if made.get(name) != gold.get(name)), None):
+            return wrong, number
+    if len(chunks) != len(gold_steps):
+        return ("fewer steps" if len(chunks) < len(gold_steps) else "more steps"), min(len(chunks), len(gold_steps)) + 1
+    return "answer", len(gold_steps)
+
+
 def parse_answer(tokens: Sequence[str]) -> list[str]:
     """The final answer in a predicted sequence, with or without a scratchpad.
 

@@ -66,6 +66,44 @@ def exact_match_table(cells: Iterable[SyntheticCell], resamples: int = 1000) -> 
     return "\n\n".join([*parts, mrr_table(cells, resamples)])
 
 
+#: ``scratchpad_errors_table``'s column names for the kinds of first error (``synthetic.scratchpad.ERROR_KINDS``).
+ERROR_COLUMNS = {"step_input": "input", "step_computation": "computation", "step_output": "output",
+                 "intermediate_variables": "variables", "remaining_input": "remaining input", "format": "format",
+                 "fewer steps": "fewer steps", "more steps": "more steps", "answer": "answer"}
+
+
+def scratchpad_errors_table(cells: Iterable[SyntheticCell]) -> str:
+    """Where the wrong out-of-distribution outputs of the scratchpad cells first go wrong (``SyntheticCell.
+    scratchpad_errors``), one row per (task, format, PE) summed over its seeds: how many wrong outputs, then per kind
+    of first error their share and the median step (1-based; the lower one of an even count) it happened at. '' when
+    no cell recorded any (no scratchpad cell, or cells run before it was recorded)."""
+    rows: dict[tuple[str, str, str], tuple[set[int], dict[str, list[int]]]] = {}
+    for c in cells:
+        if c.scratchpad_errors:
+            seeds, steps = rows.setdefault((c.task, c.scratchpad, c.pos_encoding), (set(), {}))
+            seeds.add(c.seed)
+            for kind, found in c.scratchpad_errors.items():
+                steps.setdefault(kind, []).extend(found)
+    if not rows:
+        return ""
+    kinds = [k for k in ERROR_COLUMNS if any(k in steps for _, steps in rows.values())]
+
+    def share(found: list[int], n: int) -> str:
+        return f"{len(found) / n:.0%} (step {sorted(found)[(len(found) - 1) // 2]})" if found else MISSING
+
+    body = [[f"{task} ({pad})", PAPER_NAMES.get(pe, pe), ", ".join(map(str, sorted(seeds))),
+             n := sum(map(len, steps.values())), *(share(steps.get(k, []), n) for k in kinds)]
+            for (task, pad, pe), (seeds, steps) in sorted(rows.items(), key=lambda item: (
+                item[0][:2], RANKED.index(item[0][2]) if item[0][2] in RANKED else len(RANKED)))]
+    return ("### Where a scratchpad goes wrong first (out of distribution)\n\nEach wrong OOD output of a scratchpad "
+            "cell, read step by step against its target: the first step that differs, and in it the first component "
+            "that differs (*format*: a step that does not parse; *fewer* / *more steps*: every step both hold agrees "
+            "but one holds more; *answer*: every step right, the answer wrong or missing). Per kind: its share of the "
+            "wrong outputs (median step, 1-based). Summed over the seeds.\n\n"
+            + markdown_table(["task (format)", "PE", "seeds", "wrong OOD outputs", *(ERROR_COLUMNS[k] for k in kinds)],
+                             body))
+
+
 def mrr_table(cells: Sequence[SyntheticCell], resamples: int = 1000) -> str:
     """Each PE's MRR two ways, labelled apart: ours (``mrr_intervals``, what the verdicts read) and the paper's
     (``paper_way_mrr``), the paper's numbers beside the latter only when it ranks all 17 of the paper's tasks."""
