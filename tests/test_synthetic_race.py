@@ -325,3 +325,20 @@ def test_the_pooled_report_holds_the_new_seed_report_whole_and_judges_its_new_se
             assert cells[-1].split("**")[1] == verdict, claim
         else:
             assert fresh.startswith(f"**{verdict}** on seeds 3, 4, 5"), claim
+
+
+def test_the_scratchpad_errors_study_trains_the_race_s_parity_scratchpad_cells_again():
+    """The exploratory scratchpad-errors study (experiments/synthetic_race_scratchpad/): the whole file and its
+    README's slices plan exactly the race's parity scratchpad cells (full and minimal x 5 PEs x seeds 3-5), each
+    config equal to the race's, so its cells differ from the race's only by the machine that trains them."""
+    path = REPO / "experiments/synthetic_race_scratchpad/race_scratchpad_errors.yaml"
+    race = {(c.scratchpad, c.pos_encoding, c.seed): c for c in scratchpad_cells(SCRATCHPAD["parity"])}
+    whole = scratchpad_cells(path)
+    assert sorted((c.scratchpad, c.pos_encoding, c.seed) for c in whole) == sorted(race)
+    assert all(c == race[c.scratchpad, c.pos_encoding, c.seed] for c in whole)
+    slices = [("seeds=[3]", "matrix.scratchpad=[full]"), ("seeds=[4]", "matrix.scratchpad=[full]"),
+              ("seeds=[5]", "matrix.scratchpad=[full]", 'common=["pos_encodings=[nope,t5,alibi]"]'),
+              ("seeds=[5]", "matrix.scratchpad=[full]", 'common=["pos_encodings=[rope,sinusoidal]"]')]
+    sliced = [c for overrides in slices for c in scratchpad_cells(path, overrides)]
+    assert sorted((c.pos_encoding, c.seed) for c in sliced) == sorted((pe, s) for f, pe, s in race if f == "full")
+    assert all(c == race[c.scratchpad, c.pos_encoding, c.seed] for c in sliced)

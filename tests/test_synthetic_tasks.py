@@ -350,8 +350,9 @@ def test_scratchpad_round_trip(task, fmt):
 
 
 def test_first_error_names_the_step_and_component_where_a_scratchpad_goes_wrong():
-    """By hand on addition's full scratchpad (three steps): a wrong carry, a dropped remainder, a step skipped, a run
-    past the last step, a truncated output without <ans>, a step that does not parse, and a wrong final answer."""
+    """By hand on addition's full scratchpad (three steps): a wrong carry, a remainder cut short, the answer after two
+    steps, a fourth step, an output that ends mid-step, a step without its input marker, and a wrong or missing final
+    answer."""
     gold = render_scratchpad(addition_steps(number(357), number(48)), number(405), "full")
     text = " ".join(gold)
 
@@ -362,10 +363,11 @@ def test_first_error_names_the_step_and_component_where_a_scratchpad_goes_wrong(
     assert at(text.replace("<rem> 3 5 + 4", "<rem> 3 5 +")) == ("remaining_input", 1)
     assert at(text.split(" <step> <in> 3 , 0")[0] + " <ans> 4 0 5") == ("fewer steps", 3)
     assert at(text.replace(" <ans>", " <step> <in> 0 , 0 <ans>")) == ("more steps", 4)
-    assert at(text.split(" <out> 4")[0]) == ("step_output", 3)  # cut off mid-step, no <ans>
-    assert at(text.replace("<step> <in> 5 , 4", "<step> 5 , 4")) == ("format", 2)
+    assert at(text.split(" <out> 4")[0]) == ("step_computation", 3)  # ends after step 3's computation
+    assert at(text.replace("<step> <in> 5 , 4", "<step> 5 , 4")) == ("step_input", 2)
     assert at(text.replace("<ans> 4 0 5", "<ans> 4 1 5")) == ("answer", 3)
-    assert at(text.replace("<ans> 4 0 5", "")) == ("answer", 3)  # every step right, no answer
+    assert at(text.replace(" <ans> 4 0 5", "")) == ("answer", 3)  # every step right, no answer
+    assert at("<comp> 7") == ("step_input", 1)
     with pytest.raises(ValueError, match="format 'none' has no steps"):
         first_error(["4"], ["5"], "none")
 

@@ -114,42 +114,42 @@ def parse_scratchpad(tokens: Sequence[str], scratchpad: str) -> tuple[list[Step]
     return [_parse_step(chunk, keep) for chunk in _split(body, STEP_MARKER)], answer
 
 
-#: What ``first_error`` names as where a prediction first departs from its target: a component of a step, or
-#: ``format`` (a step that does not parse), ``fewer steps`` / ``more steps`` (every step both hold agrees, one holds
-#: more), ``answer`` (every step right, the answer after them wrong or missing).
-ERROR_KINDS = (*COMPONENTS, "format", "fewer steps", "more steps", "answer")
+#: What ``first_error`` names as where an output first departs from its target: the component being written there
+#: (of ``COMPONENTS``), ``fewer steps`` (the answer starts where the target holds another step), ``more steps`` (a
+#: step starts where the target's answer does) or ``answer`` (every step right, the answer wrong or missing).
+ERROR_KINDS = (*COMPONENTS, "fewer steps", "more steps", "answer")
 
 
 def first_error(target: Sequence[str], predicted: Sequence[str], scratchpad: str) -> tuple[str, int]:
-    """Where a scratchpad prediction first departs from its target: ``(what, step)``, ``what`` one of
-    ``ERROR_KINDS`` and ``step`` 1-based.
+    """Where a wrong scratchpad output first departs from its target: ``(what, step)``, ``what`` one of
+    ``ERROR_KINDS`` and ``step`` the target's step (1-based) at that token.
 
     ``target`` is the gold scratchpad and answer (as :func:`render_scratchpad` writes them), ``predicted`` the
-    generated tokens (optionally ending in ``<eos>``, a prediction without ``<ans>`` read as steps alone). Steps
-    are compared in order; in the first that differs, its first differing component in the format's order is
-    named (a component one side lacks differs too); a step that does not parse is ``format``. When every step both
-    hold agrees, the one holding more names the next step (``fewer steps``, ``more steps``), else the answer is
-    wrong (``answer``, at the last step). Only a wrong prediction has a first error: a right one reads
-    ``("answer", n)`` as well, so call it on wrong ones.
+    generated tokens (read up to ``<eos>``; one that ends early departs where it ends). The first token where the two
+    differ is placed in the target: its step counts the ``<step>`` markers before it, and its component is the one
+    being written there, the last whose marker precedes it (a marker that opens a step names the component it
+    opens). So a component written too long or too short, or a wrong marker after it, is that component's error.
+    The answer starting where the target has another step is ``fewer steps`` (at the first step left out), a step
+    starting where the target's answer does ``more steps`` (at the extra step), anything from the target's
+    ``<ans>`` on ``answer`` (at the last step). A right output has no first error: call it on wrong ones.
     """
-    keep = enabled_components(scratchpad)
-    if not keep:
+    if not enabled_components(scratchpad):
         raise ValueError("first_error reads scratchpads: format 'none' has no steps")
-    gold_steps, _ = parse_scratchpad(target, scratchpad)
-    tokens = _until_eos(list(predicted))
-    if ANSWER_MARKER in tokens:
-        tokens = tokens[: len(tokens) - 1 - tokens[::-1].index(ANSWER_MARKER)]
-    chunks = _split(tokens, STEP_MARKER)
-    for number, (gold, chunk) in enumerate(zip(gold_steps, chunks, strict=False), 1):
-        try:
-            made = _parse_step(chunk, keep)
-        except ValueError:
-            return "format", number
-        if wrong := next((name for name in keep if made.get(name) != gold.get(name)), None):
-            return wrong, number
-    if len(chunks) != len(gold_steps):
-        return ("fewer steps" if len(chunks) < len(gold_steps) else "more steps"), min(len(chunks), len(gold_steps)) + 1
-    return "answer", len(gold_steps)
+    target, predicted = _until_eos(list(target)), _until_eos(list(predicted))
+    answer_at = len(target) - 1 - target[::-1].index(ANSWER_MARKER)
+    at = next((i for i, (a, b) in enumerate(zip(target, predicted, strict=False)) if a != b),
+              min(len(target), len(predicted)))
+    made = predicted[at] if at < len(predicted) else None
+    step_number = target[:at].count(STEP_MARKER) + 1
+    if at == answer_at and made == STEP_MARKER:
+        return "more steps", step_number + 1
+    if at >= answer_at:
+        return "answer", step_number
+    if target[at] == STEP_MARKER and made == ANSWER_MARKER:
+        return "fewer steps", step_number + 1
+    if target[at] in _COMPONENT_OF_MARKER and (at == 0 or target[at - 1] == STEP_MARKER):
+        return _COMPONENT_OF_MARKER[target[at]], step_number
+    return _COMPONENT_OF_MARKER[next(t for t in reversed(target[:at]) if t in _COMPONENT_OF_MARKER)], step_number
 
 
 def parse_answer(tokens: Sequence[str]) -> list[str]:

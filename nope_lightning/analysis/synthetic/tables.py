@@ -68,7 +68,7 @@ def exact_match_table(cells: Iterable[SyntheticCell], resamples: int = 1000) -> 
 
 #: ``scratchpad_errors_table``'s column names for the kinds of first error (``synthetic.scratchpad.ERROR_KINDS``).
 ERROR_COLUMNS = {"step_input": "input", "step_computation": "computation", "step_output": "output",
-                 "intermediate_variables": "variables", "remaining_input": "remaining input", "format": "format",
+                 "intermediate_variables": "variables", "remaining_input": "remaining input",
                  "fewer steps": "fewer steps", "more steps": "more steps", "answer": "answer"}
 
 
@@ -96,10 +96,11 @@ def scratchpad_errors_table(cells: Iterable[SyntheticCell]) -> str:
             for (task, pad, pe), (seeds, steps) in sorted(rows.items(), key=lambda item: (
                 item[0][:2], RANKED.index(item[0][2]) if item[0][2] in RANKED else len(RANKED)))]
     return ("### Where a scratchpad goes wrong first (out of distribution)\n\nEach wrong OOD output of a scratchpad "
-            "cell, read step by step against its target: the first step that differs, and in it the first component "
-            "that differs (*format*: a step that does not parse; *fewer* / *more steps*: every step both hold agrees "
-            "but one holds more; *answer*: every step right, the answer wrong or missing). Per kind: its share of the "
-            "wrong outputs (median step, 1-based). Summed over the seeds.\n\n"
+            "cell, read against its target to the first token where they differ: the target's step there and the "
+            "component being written (a component written too long or too short, or followed by a wrong marker, is "
+            "that component's error; *fewer steps*: the answer starts where the target holds another step; *more "
+            "steps*: a step starts where the target's answer does; *answer*: every step right, the answer wrong or "
+            "missing). Per kind: its share of the wrong outputs (median step, 1-based). Summed over the seeds.\n\n"
             + markdown_table(["task (format)", "PE", "seeds", "wrong OOD outputs", *(ERROR_COLUMNS[k] for k in kinds)],
                              body))
 
