@@ -561,8 +561,9 @@ def test_tiny_runs_of_two_pes_record_paired_examples(tracking_overrides, tmp_pat
 
 def test_the_scratchpad_errors_table_sums_seeds_and_reads_shares_and_median_steps():
     """Two seeds of NoPE's parity (full) cell: 3 + 1 wrong outputs, 3 first wrong in the remaining input (steps 2, 5,
-    9: median 5) and 1 in the answer (step 12); T5's one seed, 2 in the output. By hand: 75 % (step 5), 25 % (step
-    12); T5 100 % (step 3). Cells that recorded nothing make no table."""
+    9: median 5) and 1 in the answer (step 12), none at step 1; T5's one seed, 2 in the output (steps 3, 4: the lower
+    median 3) and 1 in the answer at step 1. By hand: NoPE 0 % at step 1, 75 % (step 5), 25 % (step 12); T5 33 %,
+    67 % (step 3), 33 % (step 1). Cells that recorded nothing make no table."""
     import dataclasses
 
     from nope_lightning.analysis.synthetic.tables import scratchpad_errors_table
@@ -571,11 +572,11 @@ def test_the_scratchpad_errors_table_sums_seeds_and_reads_shares_and_median_step
         return dataclasses.replace(make_cell("parity", pe, seed, 0.5, scratchpad="full"), scratchpad_errors=errors)
 
     cells = [cell("nope", 3, {"remaining_input": [2, 9], "answer": [12]}), cell("nope", 4, {"remaining_input": [5]}),
-             cell("t5", 3, {"step_output": [3, 4]}), make_cell("parity", "alibi", 3, 0.5, scratchpad="full")]
+             cell("t5", 3, {"step_output": [3, 4], "answer": [1]}), make_cell("parity", "alibi", 3, 0.5, scratchpad="full")]
     table = scratchpad_errors_table(cells)
-    assert "| task (format) | PE | seeds | wrong OOD outputs | output | remaining input | answer |" in table
-    assert "| parity (full) | NoPE | 3, 4 | 4 | — | 75% (step 5) | 25% (step 12) |" in table
-    assert "| parity (full) | T5 | 3 | 2 | 100% (step 3) | — | — |" in table
+    assert "| task (format) | PE | seeds | wrong OOD outputs | at step 1 | output | remaining input | answer |" in table
+    assert "| parity (full) | NoPE | 3, 4 | 4 | 0% | — | 75% (step 5) | 25% (step 12) |" in table
+    assert "| parity (full) | T5 | 3 | 3 | 33% | 67% (step 3) | — | 33% (step 1) |" in table
     assert table.index("| NoPE |") < table.index("| T5 |") and "ALiBi" not in table
     assert scratchpad_errors_table(cells[3:]) == ""
     round_trip = SyntheticCell.from_dict(cells[0].to_dict(), "cell")

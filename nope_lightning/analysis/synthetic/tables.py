@@ -74,8 +74,8 @@ ERROR_COLUMNS = {"step_input": "input", "step_computation": "computation", "step
 
 def scratchpad_errors_table(cells: Iterable[SyntheticCell]) -> str:
     """Where the wrong out-of-distribution outputs of the scratchpad cells first go wrong (``SyntheticCell.
-    scratchpad_errors``), one row per (task, format, PE) summed over its seeds: how many wrong outputs, then per kind
-    of first error their share and the median step (1-based; the lower one of an even count) it happened at. '' when
+    scratchpad_errors``), one row per (task, format, PE) summed over its seeds: how many wrong outputs, the share that
+    departs in the first step, then per kind of first error their share and the median step (1-based; the lower one of an even count) it happened at. '' when
     no cell recorded any (no scratchpad cell, or cells run before it was recorded)."""
     rows: dict[tuple[str, str, str], tuple[set[int], dict[str, list[int]]]] = {}
     for c in cells:
@@ -92,7 +92,8 @@ def scratchpad_errors_table(cells: Iterable[SyntheticCell]) -> str:
         return f"{len(found) / n:.0%} (step {sorted(found)[(len(found) - 1) // 2]})" if found else MISSING
 
     body = [[f"{task} ({pad})", PAPER_NAMES.get(pe, pe), ", ".join(map(str, sorted(seeds))),
-             n := sum(map(len, steps.values())), *(share(steps.get(k, []), n) for k in kinds)]
+             n := sum(map(len, steps.values())), f"{sum(s == 1 for v in steps.values() for s in v) / n:.0%}",
+             *(share(steps.get(k, []), n) for k in kinds)]
             for (task, pad, pe), (seeds, steps) in sorted(rows.items(), key=lambda item: (
                 item[0][:2], RANKED.index(item[0][2]) if item[0][2] in RANKED else len(RANKED)))]
     return ("### Where a scratchpad goes wrong first (out of distribution)\n\nEach wrong OOD output of a scratchpad "
@@ -100,8 +101,10 @@ def scratchpad_errors_table(cells: Iterable[SyntheticCell]) -> str:
             "component being written (a component written too long or too short, or followed by a wrong marker, is "
             "that component's error; *fewer steps*: the answer starts where the target holds another step; *more "
             "steps*: a step starts where the target's answer does; *answer*: every step right, the answer wrong or "
-            "missing). Per kind: its share of the wrong outputs (median step, 1-based). Summed over the seeds.\n\n"
-            + markdown_table(["task (format)", "PE", "seeds", "wrong OOD outputs", *(ERROR_COLUMNS[k] for k in kinds)],
+            "missing). *at step 1*: the share of the wrong outputs that depart in their first step; per kind: its share (the "
+            "median step, 1-based). Summed over the seeds.\n\n"
+            + markdown_table(["task (format)", "PE", "seeds", "wrong OOD outputs", "at step 1",
+                              *(ERROR_COLUMNS[k] for k in kinds)],
                              body))
 
 
