@@ -23,6 +23,7 @@ COMMITTED = {
     "experiments/synthetic_race/all_seeds": [],
     "experiments/synthetic_race_cap/results": [],
     "experiments/synthetic_race_floor/results": [],
+    "experiments/synthetic_race_scratchpad/results": [],
 }
 
 

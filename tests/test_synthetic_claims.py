@@ -579,6 +579,8 @@ def test_the_scratchpad_errors_table_sums_seeds_and_reads_shares_and_median_step
     assert "| parity (full) | T5 | 3 | 3 | 33% | 67% (step 3) | — | 33% (step 1) |" in table
     assert table.index("| NoPE |") < table.index("| T5 |") and "ALiBi" not in table
     assert scratchpad_errors_table(cells[3:]) == ""
+    rare = scratchpad_errors_table([cell("nope", 3, {"step_output": [1] * 300, "answer": [9]})])
+    assert "| 301 | >99% |" not in rare and "| 301 | 100% | 100% (step 1) | <1% (step 9) |" in rare
     round_trip = SyntheticCell.from_dict(cells[0].to_dict(), "cell")
     assert round_trip.scratchpad_errors == cells[0].scratchpad_errors
     assert "scratchpad_errors" not in cells[3].to_dict()

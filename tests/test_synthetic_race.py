@@ -342,3 +342,22 @@ def test_the_scratchpad_errors_study_trains_the_race_s_parity_scratchpad_cells_a
     sliced = [c for overrides in slices for c in scratchpad_cells(path, overrides)]
     assert sorted((c.pos_encoding, c.seed) for c in sliced) == sorted((pe, s) for f, pe, s in race if f == "full")
     assert all(c == race[c.scratchpad, c.pos_encoding, c.seed] for c in sliced)
+
+
+def test_the_scratchpad_errors_study_holds_the_race_s_own_parity_scratchpad_models():
+    """Its committed cells are the race's committed parity scratchpad cells to the example (the same stop, selected
+    step, held-out ID and per-example OOD answers), so where their outputs go wrong is where the race's did; and
+    every one of them recorded where each wrong OOD output first departs from its target."""
+    from nope_lightning.results.bundle import Bundle
+
+    def cells(folder: str) -> dict:
+        return {(c.scratchpad, c.pos_encoding, c.seed): c for p in Bundle.read(REPO / folder).results
+                for c in p.result.runs if c.task == "parity" and c.scratchpad != "none"}
+
+    race, again = cells("experiments/synthetic_race/results/results"), cells(
+        "experiments/synthetic_race_scratchpad/results/results")
+    assert sorted(again) == sorted(race) and len(again) == 30
+    for key, c in again.items():
+        assert (c.steps, c.best_step, c.id_test_acc, c.ood_correct, c.test_digest) == (
+            race[key].steps, race[key].best_step, race[key].id_test_acc, race[key].ood_correct, race[key].test_digest)
+        assert sum(map(len, c.scratchpad_errors.values())) == c.ood_correct.count(False) > 0

@@ -88,11 +88,14 @@ def scratchpad_errors_table(cells: Iterable[SyntheticCell]) -> str:
         return ""
     kinds = [k for k in ERROR_COLUMNS if any(k in steps for _, steps in rows.values())]
 
+    def percent(count: int, n: int) -> str:  # a share that rounds to 0 % is still there
+        return f"{count / n:.0%}" if count == 0 or count / n >= 0.005 else "<1%"
+
     def share(found: list[int], n: int) -> str:
-        return f"{len(found) / n:.0%} (step {sorted(found)[(len(found) - 1) // 2]})" if found else MISSING
+        return f"{percent(len(found), n)} (step {sorted(found)[(len(found) - 1) // 2]})" if found else MISSING
 
     body = [[f"{task} ({pad})", PAPER_NAMES.get(pe, pe), ", ".join(map(str, sorted(seeds))),
-             n := sum(map(len, steps.values())), f"{sum(s == 1 for v in steps.values() for s in v) / n:.0%}",
+             n := sum(map(len, steps.values())), percent(sum(s == 1 for v in steps.values() for s in v), n),
              *(share(steps.get(k, []), n) for k in kinds)]
             for (task, pad, pe), (seeds, steps) in sorted(rows.items(), key=lambda item: (
                 item[0][:2], RANKED.index(item[0][2]) if item[0][2] in RANKED else len(RANKED)))]
