@@ -572,7 +572,8 @@ def test_the_scratchpad_errors_table_sums_seeds_and_reads_shares_and_median_step
         return dataclasses.replace(make_cell("parity", pe, seed, 0.5, scratchpad="full"), scratchpad_errors=errors)
 
     cells = [cell("nope", 3, {"remaining_input": [2, 9], "answer": [12]}), cell("nope", 4, {"remaining_input": [5]}),
-             cell("t5", 3, {"step_output": [3, 4], "answer": [1]}), make_cell("parity", "alibi", 3, 0.5, scratchpad="full")]
+             cell("t5", 3, {"step_output": [3, 4], "answer": [1]}),
+             make_cell("parity", "alibi", 3, 0.5, scratchpad="full")]
     table = scratchpad_errors_table(cells)
     assert "| task (format) | PE | seeds | wrong OOD outputs | at step 1 | output | remaining input | answer |" in table
     assert "| parity (full) | NoPE | 3, 4 | 4 | 0% | — | 75% (step 5) | 25% (step 12) |" in table

@@ -1,6 +1,7 @@
 """Exact match of the synthetic tasks' decoded outputs: per example (``score``), per length bucket
-(``bucket_accuracies``), where a scratchpad's wrong outputs first go wrong (``scratchpad_errors``), and the report of the held-out in-distribution test split (``log_id_test``: problems at the
-training lengths that neither training nor validation holds, decoded with the weights validation selected)."""
+(``bucket_accuracies``), where a scratchpad's wrong outputs first go wrong (``scratchpad_errors``), and the report
+of the held-out in-distribution test split (``log_id_test``: problems at the training lengths that neither training
+nor validation holds, decoded with the weights validation selected)."""
 
 from __future__ import annotations
 

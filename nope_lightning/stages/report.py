@@ -145,7 +145,8 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
                      synthetic_tables.claims_table([*synthetic_judge.evaluate_claims(cells, resamples),
                                                     *attention_claims.evaluate_attention_claims(grid_list)], seed_days),
                      synthetic_learned.learned_table(cells), attention_claims.attention_table(grid_list),
-                     synthetic_tables.exact_match_table(cells, resamples), synthetic_tables.scratchpad_errors_table(cells)]
+                     synthetic_tables.exact_match_table(cells, resamples),
+                     synthetic_tables.scratchpad_errors_table(cells)]
         figures.update(synthetic_figures.study_figures(grid_list))
     if claim_ids and not axes:
         sections.insert(0, rule_changes.changed_rules_section([CLAIMS_BY_ID[c] for c in claim_ids],

@@ -74,9 +74,10 @@ ERROR_COLUMNS = {"step_input": "input", "step_computation": "computation", "step
 
 def scratchpad_errors_table(cells: Iterable[SyntheticCell]) -> str:
     """Where the wrong out-of-distribution outputs of the scratchpad cells first go wrong (``SyntheticCell.
-    scratchpad_errors``), one row per (task, format, PE) summed over its seeds: how many wrong outputs, the share that
-    departs in the first step, then per kind of first error their share and the median step (1-based; the lower one of an even count) it happened at. '' when
-    no cell recorded any (no scratchpad cell, or cells run before it was recorded)."""
+    scratchpad_errors``), one row per (task, format, PE) summed over its seeds: how many wrong outputs, the share
+    that departs in the first step, then per kind of first error its share and the median step (1-based; the lower
+    one of an even count) it happened at. '' when no cell recorded any (no scratchpad cell, or cells run before it
+    was recorded)."""
     rows: dict[tuple[str, str, str], tuple[set[int], dict[str, list[int]]]] = {}
     for c in cells:
         if c.scratchpad_errors:
@@ -104,8 +105,8 @@ def scratchpad_errors_table(cells: Iterable[SyntheticCell]) -> str:
             "component being written (a component written too long or too short, or followed by a wrong marker, is "
             "that component's error; *fewer steps*: the answer starts where the target holds another step; *more "
             "steps*: a step starts where the target's answer does; *answer*: every step right, the answer wrong or "
-            "missing). *at step 1*: the share of the wrong outputs that depart in their first step; per kind: its share (the "
-            "median step, 1-based). Summed over the seeds.\n\n"
+            "missing). *at step 1*: the share of the wrong outputs that depart in their first step; per kind: its "
+            "share (the median step, 1-based). Summed over the seeds.\n\n"
             + markdown_table(["task (format)", "PE", "seeds", "wrong OOD outputs", "at step 1",
                               *(ERROR_COLUMNS[k] for k in kinds)],
                              body))
