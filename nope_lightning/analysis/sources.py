@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -89,17 +90,22 @@ class StoreSource:
         """Where its pipeline run was read, for the report's provenance."""
         return f"MLflow store {self.store.uri}"
 
+    @cached_property
+    def pipeline_run(self) -> Any:
+        """The pipeline run (an MLflow ``Run``), read once for its name, day and machines."""
+        return tracking.client(self.store).get_run(self.run)
+
     def pipelines(self) -> list[tuple[str, str]]:
-        return [(tracking.client(self.store).get_run(self.run).info.run_name, self.run)]
+        return [(self.pipeline_run.info.run_name, self.run)]
 
     def dates(self) -> dict[str, str]:
         """The pipeline run's start day (ISO, UTC)."""
-        start = tracking.client(self.store).get_run(self.run).info.start_time
+        start = self.pipeline_run.info.start_time
         return {self.run: datetime.fromtimestamp(start / 1000, UTC).date().isoformat()}
 
     def machines(self) -> dict[str, str]:
         """The machines that ran the pipeline run (its ``tracking.MACHINE_TAG``), none for a run made before it."""
-        tag = tracking.client(self.store).get_run(self.run).data.tags.get(tracking.MACHINE_TAG)
+        tag = self.pipeline_run.data.tags.get(tracking.MACHINE_TAG)
         return {self.run: tag} if tag else {}
 
     def configs(self) -> list[Path | None]:

@@ -81,6 +81,13 @@ from nope_lightning.synthetic.sequence import COPY_REVERSE_TASKS
 from nope_lightning.synthetic.tasks import TASKS
 
 RANKED = tuple(SYNTHETIC_MRR)  # the PEs the paper's MRR ranks, NoPE first
+
+
+def pe_rank(pe: str) -> int:
+    """Where ``pe`` stands in a table: the paper's order (``RANKED``), any other PE after them."""
+    return RANKED.index(pe) if pe in RANKED else len(RANKED)
+
+
 RANKED_COLUMNS = [(NONE, pe) for pe in RANKED]
 EXPLICIT = RANKED[1:]
 PRIMITIVE_TASKS = tuple(COPY_REVERSE_TASKS)  # the copy/reverse variants

@@ -17,7 +17,14 @@ import numpy as np
 
 from nope_lightning.analysis.markdown import MISSING, markdown_table
 from nope_lightning.analysis.synthetic.cells import NONE
-from nope_lightning.analysis.synthetic.claims import ID_FLOOR, LEARNED_BY, PAPER_TASKS, RANKED, learned
+from nope_lightning.analysis.synthetic.claims import (
+    ID_FLOOR,
+    LEARNED_BY,
+    PAPER_TASKS,
+    RANKED,
+    learned,
+    pe_rank,
+)
 from nope_lightning.config.synthetic import PAPER_NAMES
 from nope_lightning.results.synthetic import SyntheticCell
 
@@ -73,8 +80,7 @@ def held_out_misses(cells: Iterable[SyntheticCell]) -> str:
     lines = []
     for task in [t for t in PAPER_TASKS if t in low]:
         for failing, group in low[task].items():
-            group = sorted(group, key=lambda c: (c.seed, RANKED.index(c.pos_encoding) if c.pos_encoding in RANKED
-                                                 else len(RANKED)))
+            group = sorted(group, key=lambda c: (c.seed, pe_rank(c.pos_encoding)))
             named = ", ".join(f"{PAPER_NAMES.get(c.pos_encoding, c.pos_encoding)} s{c.seed} {c.id_test_acc:.2f}"
                               for c in group)
             buckets = [b for c in group for b in c.id_test_buckets]

@@ -23,6 +23,7 @@ from nope_lightning.analysis.synthetic.claims import (
     SyntheticOutcome,
     mrr_intervals,
     paper_way_mrr,
+    pe_rank,
     ranked,
 )
 from nope_lightning.analysis.synthetic.formats import WORDS
@@ -99,7 +100,7 @@ def scratchpad_errors_table(cells: Iterable[SyntheticCell]) -> str:
              n := sum(map(len, steps.values())), percent(sum(s == 1 for v in steps.values() for s in v), n),
              *(share(steps.get(k, []), n) for k in kinds)]
             for (task, pad, pe), (seeds, steps) in sorted(rows.items(), key=lambda item: (
-                item[0][:2], RANKED.index(item[0][2]) if item[0][2] in RANKED else len(RANKED)))]
+                item[0][:2], pe_rank(item[0][2])))]
     return ("### Where a scratchpad goes wrong first (out of distribution)\n\nEach wrong OOD output of a scratchpad "
             "cell, read against its target to the first token where they differ: the target's step there and the "
             "component being written (a component written too long or too short, or followed by a wrong marker, is "
